@@ -1,0 +1,3 @@
+"""sae: sparse autoencoders on images, compared by sparsity mechanism."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,255 @@
+"""MNIST / Fashion-MNIST as in-memory tensors, batched by index.
+
+Sources, tried in order:
+  1. ``data_dir`` (``--data-dir`` or ``$SAE_DATA_DIR``): a folder holding the four standard IDX files
+     (``.gz`` or raw), either directly or in a sub-folder named after the dataset
+     (``<data_dir>/mnist/``, ``<data_dir>/fashion-mnist/``), or in torchvision's layout
+     (``<data_dir>/MNIST/raw/``);
+  2. an existing torchvision root (``<cache_dir>/<ClassName>/raw/``, ``$SAE_CACHE_DIR`` or
+     ``~/.cache/sae``);
+  3. torchvision's download into that cache.
+
+The whole dataset lives in one float tensor in [0, 1] (60 000 x 784 floats is 188 MB); a batch is an
+index slice of it. torchvision's per-sample PIL path costs ~60x more per epoch for the same bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+DATASETS: dict[str, str] = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+CLASS_NAMES: dict[str, list[str]] = {
+    "mnist": [str(d) for d in range(10)],
+    "fashion-mnist": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                      "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"],
+}
+IDX_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+
+
+class DataSourceError(RuntimeError):
+    """The dataset could not be found or read; the message says what to do."""
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (``.gz`` or raw) into an array, checking its header against its size."""
+    path = Path(path)
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataSourceError(f"cannot read {path}: {e}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise DataSourceError(f"{path} is not an IDX file (bad magic number)")
+    dtype, ndim = np.dtype(_IDX_DTYPES[raw[2]]), raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataSourceError(f"{path} is truncated (header cut short)")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    expected = header + int(np.prod(shape)) * dtype.itemsize
+    if len(raw) != expected:
+        raise DataSourceError(
+            f"{path} is truncated or corrupt: {len(raw)} bytes, header promises {expected}")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).copy()
+
+
+@dataclass
+class ImageArrays:
+    """Raw arrays of one dataset: uint8 images [N, 28, 28] and int64 labels [N]."""
+
+    train_images: np.ndarray
+    train_labels: np.ndarray
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    source: str
+
+
+def _idx_path(folder: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _read_folder(folder: Path) -> ImageArrays:
+    arrays = {}
+    for key, stem in IDX_FILES.items():
+        path = _idx_path(folder, stem)
+        if path is None:
+            raise DataSourceError(f"{folder} is missing {stem} (or {stem}.gz)")
+        arrays[key] = read_idx(path)
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DataSourceError(
+                f"{folder}: {split} images {images.shape} do not match labels {labels.shape}")
+    return ImageArrays(
+        arrays["train_images"], arrays["train_labels"].astype(np.int64),
+        arrays["test_images"], arrays["test_labels"].astype(np.int64), source=str(folder))
+
+
+def _has_any_idx(folder: Path) -> bool:
+    return any(_idx_path(folder, stem) for stem in IDX_FILES.values())
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SAE_CACHE_DIR", Path.home() / ".cache" / "sae"))
+
+
+def candidate_folders(dataset: str, data_dir: Path | None, cache_dir: Path) -> list[Path]:
+    """Folders that may hold the IDX files, in the order they are tried."""
+    class_name = DATASETS[dataset]
+    folders = []
+    if data_dir is not None:
+        folders += [data_dir / dataset, data_dir / class_name / "raw", data_dir]
+    folders.append(cache_dir / class_name / "raw")
+    return folders
+
+
+def load_arrays(dataset: str, data_dir: str | Path | None = None,
+                cache_dir: str | Path | None = None, download: bool = True) -> ImageArrays:
+    """Find and read a dataset; see the module docstring for the order of sources."""
+    if dataset not in DATASETS:
+        raise DataSourceError(f"unknown dataset {dataset!r}; choose from {sorted(DATASETS)}")
+    if data_dir is None and os.environ.get("SAE_DATA_DIR"):
+        data_dir = os.environ["SAE_DATA_DIR"]
+    data_dir = Path(data_dir).expanduser() if data_dir is not None else None
+    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if data_dir is not None and not data_dir.is_dir():
+        raise DataSourceError(f"data folder {data_dir} does not exist")
+
+    for folder in candidate_folders(dataset, data_dir, cache_dir):
+        if folder.is_dir() and _has_any_idx(folder):
+            return _read_folder(folder)  # a partial folder is an error naming the missing file
+
+    if download:
+        try:
+            _torchvision_download(dataset, cache_dir)
+            return _read_folder(cache_dir / DATASETS[dataset] / "raw")
+        except DataSourceError:
+            raise
+        except Exception:  # torchvision raises assorted errors when offline
+            pass
+    looked = data_dir if data_dir is not None else "(no --data-dir given)"
+    raise DataSourceError(
+        f"{dataset} not found in {looked} nor in {cache_dir}, and the download failed: pass "
+        f"--data-dir DIR (or set SAE_DATA_DIR) to a folder with the four IDX files "
+        f"({IDX_FILES['train_images']}[.gz], ...), or run once with internet access so that "
+        f"torchvision can download it to {cache_dir}")
+
+
+def _torchvision_download(dataset: str, cache_dir: Path) -> None:
+    import contextlib
+    import io
+
+    from torchvision import datasets
+
+    cls = getattr(datasets, DATASETS[dataset])
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        for train in (True, False):
+            cls(str(cache_dir), train=train, download=True)
+
+
+def to_float(images: np.ndarray) -> torch.Tensor:
+    """uint8 [N, 28, 28] -> float32 [N, 784] in [0, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(images)).reshape(len(images), -1).float() / 255.0
+
+
+class IndexedTensors(Dataset):
+    """Rows of in-memory tensors; ``__getitems__`` fetches a whole batch with one index op."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        return self.images[i], self.labels[i]
+
+    def __getitems__(self, indices: list[int]):
+        idx = torch.as_tensor(indices)
+        return self.images[idx], self.labels[idx]
+
+
+def keep_batch(batch):
+    """Collate for ``IndexedTensors``: the batch is already stacked."""
+    return batch
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Train / validation / test splits of MNIST or Fashion-MNIST as flat float tensors.
+
+    The validation split is carved from the training set with a fixed seed (``split_seed``), so
+    runs with different training seeds see the same validation images. ``limit_train`` keeps only
+    the first n training images (after the split) for quick runs.
+    """
+
+    def __init__(self, dataset: str = "mnist", data_dir: str | None = None, batch_size: int = 256,
+                 val_size: int = 5000, split_seed: int = 0, limit_train: int | None = None,
+                 limit_test: int | None = None, cache_dir: str | None = None,
+                 download: bool = True):
+        super().__init__()
+        self.dataset, self.data_dir, self.cache_dir = dataset, data_dir, cache_dir
+        self.batch_size, self.val_size, self.split_seed = batch_size, val_size, split_seed
+        self.limit_train, self.limit_test, self.download = limit_train, limit_test, download
+        self.class_names = CLASS_NAMES[dataset]
+        self._loaded = False
+
+    def load(self) -> None:
+        """Read the arrays once (idempotent); raises DataSourceError with a user-facing message."""
+        if self._loaded:
+            return
+        arrays = load_arrays(self.dataset, self.data_dir, self.cache_dir, self.download)
+        images, labels = to_float(arrays.train_images), torch.from_numpy(arrays.train_labels)
+        if not 0 < self.val_size < len(images):
+            raise DataSourceError(f"val_size {self.val_size} must be in (0, {len(images)})")
+        perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.split_seed))
+        val_idx, train_idx = perm[: self.val_size], perm[self.val_size:]
+        if self.limit_train:
+            train_idx = train_idx[: self.limit_train]
+        self.train_x, self.train_y = images[train_idx], labels[train_idx]
+        self.val_x, self.val_y = images[val_idx], labels[val_idx]
+        self.test_x = to_float(arrays.test_images)
+        self.test_y = torch.from_numpy(arrays.test_labels)
+        if self.limit_test:
+            self.test_x, self.test_y = self.test_x[: self.limit_test], self.test_y[: self.limit_test]
+        self.source = arrays.source
+        self._loaded = True
+
+    def setup(self, stage: str | None = None) -> None:
+        self.load()
+
+    @property
+    def train_mean(self) -> torch.Tensor:
+        """Mean training image [784]: the decoder-bias init and the x̄ of fvu."""
+        return self.train_x.mean(0)
+
+    def _loader(self, x: torch.Tensor, y: torch.Tensor, shuffle: bool) -> DataLoader:
+        return DataLoader(IndexedTensors(x, y), batch_size=self.batch_size, shuffle=shuffle,
+                          collate_fn=keep_batch, num_workers=0, drop_last=False)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_x, self.train_y, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_x, self.val_y, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_x, self.test_y, shuffle=False)
