@@ -1,13 +1,13 @@
 """MNIST / Fashion-MNIST as in-memory tensors, batched by index.
 
 Sources, tried in order:
-  1. ``data_dir`` (``--data-dir`` or ``$SAE_DATA_DIR``): a folder holding the four standard IDX files
-     (``.gz`` or raw), either directly or in a sub-folder named after the dataset
+  1. ``data_dir`` (``--data-dir`` or ``$SAE_DATA_DIR``): a folder holding the four standard IDX
+     files (``.gz`` or raw), either directly or in a sub-folder named after the dataset
      (``<data_dir>/mnist/``, ``<data_dir>/fashion-mnist/``), or in torchvision's layout
      (``<data_dir>/MNIST/raw/``);
   2. an existing torchvision root (``<cache_dir>/<ClassName>/raw/``, ``$SAE_CACHE_DIR`` or
      ``~/.cache/sae``);
-  3. torchvision's download into that cache.
+  3. torchvision's download into that cache (skipped when ``$SAE_OFFLINE`` is set).
 
 The whole dataset lives in one float tensor in [0, 1] (60 000 x 784 floats is 188 MB); a batch is an
 index slice of it. torchvision's per-sample PIL path costs ~60x more per epoch for the same bytes.
@@ -138,7 +138,7 @@ def load_arrays(dataset: str, data_dir: str | Path | None = None,
         if folder.is_dir() and _has_any_idx(folder):
             return _read_folder(folder)  # a partial folder is an error naming the missing file
 
-    if download:
+    if download and not os.environ.get("SAE_OFFLINE"):
         try:
             _torchvision_download(dataset, cache_dir)
             return _read_folder(cache_dir / DATASETS[dataset] / "raw")
@@ -229,7 +229,8 @@ class ImageDataModule(L.LightningDataModule):
         self.test_x = to_float(arrays.test_images)
         self.test_y = torch.from_numpy(arrays.test_labels)
         if self.limit_test:
-            self.test_x, self.test_y = self.test_x[: self.limit_test], self.test_y[: self.limit_test]
+            keep = slice(0, self.limit_test)
+            self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
         self.source = arrays.source
         self._loaded = True
 

@@ -1,0 +1,124 @@
+"""Lightning callbacks: figures of what the SAE learned, rendered from validation statistics.
+
+Statistics are gathered on the device during validation from the tensors that
+``SparseAutoencoder.validation_step`` returns (no host synchronisation in the training step),
+summed / gathered across DDP ranks at the end of the validation epoch, and plotted on rank 0 only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from sae import figures
+
+
+def write_png(rgb: np.ndarray, path: Path) -> None:
+    """Write an RGB array [H, W, 3] as a PNG, atomically (readers never see half a file)."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    Image.fromarray(rgb).save(tmp, format="PNG")
+    tmp.replace(path)
+
+FIGURE_KINDS = ("decoder_atoms", "reconstructions", "sparsity_histogram",
+                "activation_frequency", "class_unit_heatmap", "feature_density")
+
+
+class FigureCallback(L.Callback):
+    """Save ``<out_dir>/<kind>/epoch_<E>.png`` every ``every_n_epochs`` epochs and at the end.
+
+    ``every_n_epochs = 0`` renders only once, after training, from the last validation. Figures
+    also go to TensorBoard when that logger is active.
+    """
+
+    def __init__(self, out_dir: str | Path, every_n_epochs: int = 0,
+                 class_names: list[str] | None = None, n_atoms: int = 64, n_examples: int = 16):
+        self.out_dir = Path(out_dir)
+        self.every_n_epochs = every_n_epochs
+        self.class_names = class_names or [str(i) for i in range(10)]
+        self.n_atoms, self.n_examples = n_atoms, n_examples
+        self.stats: dict | None = None  # last validation's statistics (rank 0, numpy)
+        self.rendered_epochs: set[int] = set()
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        C, H = len(self.class_names), pl_module.config.hidden
+        self._class_fires = torch.zeros(C, H, device=pl_module.device)
+        self._class_count = torch.zeros(C, device=pl_module.device)
+        self._l0, self._labels, self._examples = [], [], None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                                dataloader_idx: int = 0) -> None:
+        x, y = batch[0], batch[1]
+        active = outputs["active"].float()
+        onehot = F.one_hot(y, len(self.class_names)).float()
+        self._class_fires += onehot.t() @ active
+        self._class_count += onehot.sum(0)
+        self._l0.append(active.sum(-1))
+        self._labels.append(y)
+        if self._examples is None:
+            self._examples = (x[: self.n_examples].detach(),
+                              outputs["x_hat"][: self.n_examples].detach())
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or not self._l0:
+            return
+        strategy = trainer.strategy
+        class_fires = strategy.reduce(self._class_fires, reduce_op="sum")
+        class_count = strategy.reduce(self._class_count, reduce_op="sum")
+        l0 = strategy.all_gather(torch.cat(self._l0)).reshape(-1)
+        labels = strategy.all_gather(torch.cat(self._labels)).reshape(-1)
+        if not trainer.is_global_zero:
+            return
+        n = class_count.sum().clamp_min(1)
+        self.stats = {
+            "epoch": trainer.current_epoch,
+            "step": trainer.global_step,
+            "freq": (class_fires.sum(0) / n).cpu().numpy(),
+            "class_freq": (class_fires / class_count.clamp_min(1)[:, None]).cpu().numpy(),
+            "l0": l0.cpu().numpy(),
+            "labels": labels.cpu().numpy(),
+            "x": self._examples[0].float().cpu().numpy(),
+            "x_hat": self._examples[1].float().cpu().numpy(),
+            "atoms": pl_module.atoms().float().cpu().numpy(),
+        }
+        epoch = trainer.current_epoch
+        if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0:
+            self.render(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero and self.stats is not None:
+            if self.stats["epoch"] not in self.rendered_epochs:
+                self.render(trainer)
+
+    def render(self, trainer) -> list[Path]:
+        """Plot the last statistics; write PNGs and send them to TensorBoard."""
+        s = self.stats
+        made = {
+            "decoder_atoms": figures.decoder_atoms(s["atoms"], s["freq"], n=self.n_atoms),
+            "reconstructions": figures.reconstructions(s["x"], s["x_hat"]),
+            "sparsity_histogram": figures.sparsity_histogram(s["l0"], s["labels"],
+                                                             self.class_names),
+            "activation_frequency": figures.activation_frequency_grid(s["freq"]),
+            "class_unit_heatmap": figures.class_unit_heatmap(s["class_freq"], self.class_names),
+            "feature_density": figures.feature_density_histogram(s["freq"]),
+        }
+        tensorboards = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        paths = []
+        for kind, fig in made.items():
+            path = self.out_dir / kind / f"epoch_{s['epoch']}.png"
+            rgb = figures.figure_to_rgb(fig)  # draw once, for the PNG and for TensorBoard
+            fig.clear()
+            write_png(rgb, path)
+            for tb in tensorboards:
+                tb.experiment.add_image(kind, rgb, global_step=s["step"], dataformats="HWC")
+            paths.append(path)
+        self.rendered_epochs.add(s["epoch"])
+        return paths
+

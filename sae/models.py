@@ -1,0 +1,556 @@
+"""Sparse autoencoders: one LightningModule; the variants differ only in code map and penalty.
+
+Shared architecture (the classic one-layer SAE, so decoder columns are images)::
+
+    a  = W_enc (x - b_dec) + b_enc        pre-activations         [B, H]
+    h  = f(a)                             the code (per variant)  [B, H]
+    x̂  = W_dec (s · h) + b_dec            reconstruction          [B, D]
+
+Decoder columns are kept at unit norm (the gradient's component along each column is removed before
+the step, and columns are renormalised after it), so a penalty on h cannot be dodged by shrinking h
+and growing W_dec. ``s`` is 1 except for the sigmoid (KL) code, whose units saturate at 1: there
+``s = sqrt(v)``, the data's RMS distance to the mean image, so one fully-on unit draws a typical
+centred image. The reconstruction term is normalised by v = E‖x − x̄‖²:
+
+    loss = ‖x − x̂‖² / v  +  λ_t · penalty(h)   (+ AuxK for TopK)
+
+which is the batch's fraction of variance unexplained; λ_t warms up from 0 to λ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import lightning.pytorch as L
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sae import metrics
+from sae.activations import EntmaxAlpha, entmax_alpha, sparsemax
+from sae.schedules import anneal, lambda_at, lr_factor, resolve_steps
+
+MODELS = ("l1", "kl", "sparsemax", "entmax", "topk")
+DEAD_GUARDS = ("none", "resample", "auxk")
+
+
+@dataclass
+class SAEConfig:
+    """Everything that defines a model and its optimisation (the CLI's flags map onto it)."""
+
+    model: str = "sparsemax"
+    input_dim: int = 784
+    hidden: int = 512
+    lam: float = 0.01  # λ: penalty weight (unused by topk)
+    k: int = 32  # topk: active units per input
+    rho: float = 0.05  # kl: target mean activation
+    alpha: float = 1.5  # entmax: α (initial value when learnable or annealed)
+    alpha_mode: str = "learn"  # entmax: learn | anneal (to 2 over training) | fixed
+    groups: int = 1  # sparsemax / entmax: independent heads over the code
+    arch: str = "linear"  # linear | mlp (784-W-H-W-784)
+    mlp_width: int = 512
+    lr: float = 1e-3
+    lr_warmup: float = 0.01  # steps (>= 1) or fraction of training (< 1)
+    lr_decay: str = "none"  # none | cosine
+    lambda_warmup: float = 0.05  # steps (>= 1) or fraction of training (< 1)
+    lambda_warmup_shape: str = "linear"  # linear | cosine
+    dead_guard: str = "auto"  # auto (auxk for topk, resample otherwise) | none | resample | auxk
+    dead_window: int = 20_000  # a unit is dead after this many training samples without firing
+    resample_every: int = 500  # steps between dead-unit checks (resample guard)
+    resample_until: float = 0.7  # no resampling after this fraction of training
+    aux_k: int = 256  # AuxK: dead units used to model the residual
+    aux_coef: float = 1 / 32
+    kl_threshold: float = 0.1  # a sigmoid unit "fires" when its activation exceeds this
+
+    @classmethod
+    def from_dict(cls, values: dict) -> SAEConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    def resolved_dead_guard(self) -> str:
+        if self.dead_guard != "auto":
+            return self.dead_guard
+        if self.arch != "linear":
+            return "none"
+        return "auxk" if self.model == "topk" else "resample"
+
+    def validate(self) -> None:
+        """Raise ValueError with a one-line, user-facing message for any invalid value."""
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        need(self.model in MODELS, f"--model must be one of {', '.join(MODELS)}")
+        need(self.input_dim >= 1, "input_dim must be >= 1")
+        need(self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}")
+        need(math.isfinite(self.lam) and self.lam >= 0, f"--lambda must be >= 0, got {self.lam}")
+        need(1 <= self.k <= self.hidden, f"--k must be in [1, hidden={self.hidden}], got {self.k}")
+        need(0 < self.rho < 1, f"--rho must be in (0, 1), got {self.rho}")
+        need(math.isfinite(self.alpha) and self.alpha > 1, f"--alpha must be > 1, got {self.alpha}")
+        need(self.alpha_mode in ("learn", "anneal", "fixed"),
+             "--alpha-mode must be one of learn, anneal, fixed")
+        need(self.alpha_mode != "anneal" or self.alpha <= 2,
+             f"--alpha must be <= 2 when annealed towards 2, got {self.alpha}")
+        need(self.groups >= 1 and self.hidden % self.groups == 0,
+             f"--groups must divide --hidden ({self.hidden}), got {self.groups}")
+        need(self.arch in ("linear", "mlp"), "--arch must be linear or mlp")
+        need(self.mlp_width >= 1, "--mlp-width must be >= 1")
+        need(math.isfinite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr}")
+        need(self.lr_warmup >= 0, "--lr-warmup must be >= 0")
+        need(self.lr_decay in ("none", "cosine"), "--lr-decay must be none or cosine")
+        need(self.lambda_warmup >= 0, "--lambda-warmup must be >= 0")
+        need(self.lambda_warmup_shape in ("linear", "cosine"),
+             "--lambda-warmup-shape must be linear or cosine")
+        need(self.dead_guard in ("auto",) + DEAD_GUARDS,
+             f"--dead-guard must be one of auto, {', '.join(DEAD_GUARDS)}")
+        guard = self.resolved_dead_guard()
+        need(guard != "auxk" or self.model == "topk", "--dead-guard auxk applies to --model topk")
+        need(guard == "none" or self.arch == "linear",
+             f"--dead-guard {guard} needs --arch linear (use none with mlp)")
+        need(self.dead_window >= 1, "--dead-window must be >= 1")
+        need(self.resample_every >= 1, "--resample-every must be >= 1")
+        need(0 <= self.resample_until <= 1, "--resample-until must be in [0, 1]")
+        need(self.aux_k >= 1, "--aux-k must be >= 1")
+        need(0 < self.kl_threshold < 1, "--kl-threshold must be in (0, 1)")
+
+
+def _inverse_softplus(y: float) -> float:
+    return y + math.log(-math.expm1(-y))
+
+
+class SparseAutoencoder(L.LightningModule):
+    """Base SAE: shared encoder/decoder, training loop, validation statistics, dead-unit guard.
+
+    Subclasses define ``code(a, x_centred) -> (h, extras)`` and ``penalty(h, extras) -> scalar``.
+    """
+
+    fire_threshold: float = 0.0
+    code_scale_is_data_norm: bool = False
+    resample_encoder_scale: float = 0.2  # Anthropic's 0.2 suits ReLU codes; see SparsemaxSAE
+
+    def __init__(self, config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0):
+        super().__init__()
+        self.config = config
+        self.save_hyperparameters({"config": asdict(config), "data_var": float(data_var)})
+        D, H = config.input_dim, config.hidden
+        self.register_buffer("data_var", torch.tensor(float(data_var)))
+        code_scale = math.sqrt(data_var) if self.code_scale_is_data_norm else 1.0
+        self.register_buffer("code_scale", torch.tensor(code_scale))
+        mean_image = mean_image.clone().float() if mean_image is not None else torch.zeros(D)
+        self.register_buffer("mean_image", mean_image)  # x̄ of fvu, fixed at construction
+        self.b_dec = nn.Parameter(mean_image.clone())
+        width = D if config.arch == "linear" else config.mlp_width
+        self.W_dec = nn.Parameter(F.normalize(torch.randn(width, H), dim=0))  # [width, H]
+        self.W_enc = nn.Parameter(self.W_dec.detach().t().clone())  # tied init (Gao et al. 2024)
+        self.b_enc = nn.Parameter(torch.zeros(H))
+        if config.arch == "mlp":
+            self.enc_in = nn.Sequential(nn.Linear(D, width), nn.ReLU())
+            self.dec_out = nn.Sequential(nn.ReLU(), nn.Linear(width, D))
+        # dead-unit tracking: this rank's training samples since each unit last fired (on device)
+        self.register_buffer("samples_since_fired", torch.zeros(H, dtype=torch.long))
+        self.register_buffer("nonfinite_loss", torch.zeros((), dtype=torch.bool))
+
+    # ---- the model ------------------------------------------------------------------------
+    def pre_activations(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, D] -> (a [B, H], x - b_dec [B, D])."""
+        x_centred = x - self.b_dec
+        inner = x_centred if self.config.arch == "linear" else self.enc_in(x_centred)
+        return F.linear(inner, self.W_enc, self.b_enc), x_centred
+
+    def code(self, a: Tensor, x_centred: Tensor) -> tuple[Tensor, dict]:
+        raise NotImplementedError
+
+    def penalty(self, h: Tensor, extras: dict) -> Tensor:
+        raise NotImplementedError
+
+    def encode(self, x: Tensor) -> Tensor:
+        """x [B, D] -> h [B, H]."""
+        a, x_centred = self.pre_activations(x)
+        return self.code(a, x_centred)[0]
+
+    def decode(self, h: Tensor) -> Tensor:
+        """h [B, H] -> x̂ [B, D]."""
+        out = F.linear(h * self.code_scale, self.W_dec)
+        if self.config.arch == "mlp":
+            out = self.dec_out(out)
+        return out + self.b_dec
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, dict]:
+        """x [B, D] -> (x̂ [B, D], h [B, H], extras)."""
+        a, x_centred = self.pre_activations(x)
+        h, extras = self.code(a, x_centred)
+        extras["a"] = a
+        return self.decode(h), h, extras
+
+    def atoms(self) -> Tensor:
+        """What each unit draws, [D, H]: decoder columns (linear) or decode(s·e_j) − decode(0)."""
+        if self.config.arch == "linear":
+            return self.W_dec.detach()
+        with torch.no_grad():
+            eye = torch.eye(self.config.hidden, device=self.device)
+            zero = self.decode(torch.zeros(1, self.config.hidden, device=self.device))
+            return (self.decode(eye) - zero).t()
+
+    # ---- losses ---------------------------------------------------------------------------
+    def recon_loss(self, x: Tensor, x_hat: Tensor) -> Tensor:
+        """Batch ‖x − x̂‖² / v, v = E‖x − x̄‖²: the batch's fraction of variance unexplained."""
+        return (x - x_hat).pow(2).sum(-1).mean() / self.data_var
+
+    def extra_loss(self, x: Tensor, x_hat: Tensor, h: Tensor, extras: dict) -> Tensor | None:
+        return None
+
+    def lambda_now(self) -> float:
+        total = self._total_steps()
+        warm = resolve_steps(self.config.lambda_warmup, total)
+        return lambda_at(self.global_step, self.config.lam, warm, self.config.lambda_warmup_shape)
+
+    def _total_steps(self) -> int:
+        try:
+            return max(int(self.trainer.estimated_stepping_batches), 1)
+        except (RuntimeError, AttributeError):
+            return 1
+
+    # ---- training -------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        x = batch[0]
+        x_hat, h, extras = self(x)
+        recon = self.recon_loss(x, x_hat)
+        lam_t = self.lambda_now()
+        penalty = self.penalty(h, extras)
+        loss = recon + lam_t * penalty
+        aux = self.extra_loss(x, x_hat, h, extras)
+        if aux is not None:
+            loss = loss + aux
+            self.log("train/aux", aux)
+        with torch.no_grad():
+            active = metrics.active(h, self.fire_threshold)
+            fired = active.any(0)
+            self.samples_since_fired.add_(len(x)).masked_fill_(fired, 0)
+            self.nonfinite_loss |= ~torch.isfinite(loss)
+            l0 = active.sum(-1).float().mean()
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/recon", recon)
+        self.log("train/penalty", penalty)
+        self.log("train/lambda", lam_t)
+        self.log("train/l0", l0, prog_bar=True)
+        self.log("train/dead_fraction", self.dead_mask(reduce=False).float().mean())
+        return loss
+
+    def dead_mask(self, reduce: bool = True) -> Tensor:
+        """Units that fired on none of the last ``dead_window`` training samples (all ranks)."""
+        since = self.samples_since_fired
+        world = 1
+        if reduce and dist.is_available() and dist.is_initialized():
+            since = since.clone()
+            dist.all_reduce(since, op=dist.ReduceOp.MIN)
+            world = dist.get_world_size()
+        return since * world >= self.config.dead_window
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # keep W_dec's columns on the unit sphere: drop the gradient's radial component
+        g = self.W_dec.grad
+        if g is not None:
+            g.sub_(self.W_dec * (g * self.W_dec).sum(0, keepdim=True))
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        optimizer.step(closure=optimizer_closure)
+        with torch.no_grad():
+            self.W_dec.div_(self.W_dec.norm(dim=0, keepdim=True).clamp_min(1e-8))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        check_every = 1 if self.device.type == "cpu" else 50  # a check is a host sync on GPUs
+        if self.global_step % check_every == 0:
+            self.check_finite()
+        cfg = self.config
+        if (cfg.resolved_dead_guard() == "resample" and self.global_step > 0
+                and self.global_step % cfg.resample_every == 0
+                and self.global_step <= cfg.resample_until * self._total_steps()):
+            self.resample_dead(batch[0])
+
+    def check_finite(self) -> None:
+        if bool(self.nonfinite_loss):
+            raise NonFiniteLossError(self.global_step)
+
+    def on_train_epoch_end(self) -> None:
+        self.check_finite()
+
+    def on_validation_epoch_start(self) -> None:
+        self.check_finite()  # before any checkpoint of this epoch can be written
+        H = self.config.hidden
+        self._val = {"sq_err": torch.zeros((), device=self.device, dtype=torch.float64),
+                     "sq_dev": torch.zeros((), device=self.device, dtype=torch.float64),
+                     "penalty": torch.zeros((), device=self.device, dtype=torch.float64),
+                     "l0": torch.zeros((), device=self.device, dtype=torch.float64),
+                     "n": torch.zeros((), device=self.device, dtype=torch.float64),
+                     "fires": torch.zeros(H, device=self.device, dtype=torch.float64)}
+
+    def validation_step(self, batch, batch_idx: int) -> dict:
+        x = batch[0]
+        x_hat, h, extras = self(x)
+        active = metrics.active(h, self.fire_threshold)
+        v = self._val
+        v["sq_err"] += (x - x_hat).pow(2).sum()
+        v["sq_dev"] += (x - self.mean_image).pow(2).sum()
+        v["penalty"] += self.penalty(h, extras).double() * len(x)
+        v["l0"] += active.sum()
+        v["n"] += len(x)
+        v["fires"] += active.sum(0)
+        return {"codes": h, "x_hat": x_hat, "active": active}
+
+    def on_validation_epoch_end(self) -> None:
+        v = {k: self.trainer.strategy.reduce(t, reduce_op="sum") for k, t in self._val.items()}
+        n = v["n"].clamp_min(1)
+        fvu = v["sq_err"] / v["sq_dev"].clamp_min(1e-12)
+        freq = v["fires"] / n
+        self.val_firing_counts = v["fires"]  # summed over ranks, read by tests and callbacks
+        # val/loss uses the full λ (not λ_t) so that "best" does not favour warm-up checkpoints
+        val_loss = v["sq_err"] / n / self.data_var + self.config.lam * v["penalty"] / n
+        self.log_dict({"val/loss": val_loss.float(), "val/fvu": fvu.float(),
+                       "val/mse": (v["sq_err"] / n / self.config.input_dim).float(),
+                       "val/l0": (v["l0"] / n).float(),
+                       "val/dead_fraction": (freq == 0).float().mean(),
+                       "val/dense_fraction": (freq > 0.5).float().mean()})
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=self.config.lr)
+        total = self._total_steps()
+        warm = resolve_steps(self.config.lr_warmup, total)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: lr_factor(step, warm, total, self.config.lr_decay))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---- dead-unit resampling -------------------------------------------------------------
+    @torch.no_grad()
+    def resample_dead(self, x: Tensor) -> int:
+        """Anthropic's recipe: each dead unit gets a high-loss input as its decoder column.
+
+        Inputs are drawn with probability ∝ (per-sample loss)²; decoder column ← the normalised
+        centred input; encoder row ← that direction × 0.2 (``resample_encoder_scale``) × the
+        mean alive encoder-row norm;
+        encoder bias ← 0; Adam's moments of the touched rows are reset. Rank 0 decides and
+        broadcasts, so DDP replicas stay identical. Returns the number of resampled units.
+        """
+        dead = self.dead_mask()
+        n_dead = int(dead.sum())
+        if n_dead == 0 or self.config.arch != "linear":
+            return 0
+        x_hat, _, _ = self(x)
+        loss = (x - x_hat).pow(2).sum(-1)
+        weights = loss.pow(2)
+        if not torch.isfinite(weights).all() or weights.sum() <= 0:
+            return 0
+        pick = torch.multinomial(weights / weights.sum(), n_dead, replacement=True)
+        directions = F.normalize(x[pick] - self.b_dec, dim=-1)  # [n_dead, D]
+        alive = ~dead
+        enc_norm = self.W_enc[alive].norm(dim=-1).mean() if alive.any() else torch.tensor(1.0)
+        idx = dead.nonzero().squeeze(-1)
+        self.W_dec[:, idx] = directions.t()
+        self.W_enc[idx] = directions * self.resample_encoder_scale * enc_norm
+        self.b_enc[idx] = 0.0
+        if dist.is_available() and dist.is_initialized():
+            for p in (self.W_dec, self.W_enc, self.b_enc):
+                dist.broadcast(p.data, src=0)
+        for opt in self.trainer.optimizers:
+            for p, index in ((self.W_dec, (slice(None), idx)), (self.W_enc, idx),
+                             (self.b_enc, idx)):
+                state = opt.state.get(p, {})
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if key in state:
+                        state[key][index] = 0.0
+        self.samples_since_fired[idx] = 0
+        self.log("train/resampled", float(n_dead))
+        return n_dead
+
+
+class NonFiniteLossError(RuntimeError):
+    def __init__(self, step: int):
+        super().__init__(f"non-finite loss at step {step}")
+        self.step = step
+
+
+class L1SAE(SparseAutoencoder):
+    """ReLU code with a decoder-norm-weighted L1 penalty.
+
+    h = ReLU(a);  penalty = Σ_j ‖W_dec[:, j]‖ · h_j / (sqrt(v) / 8).
+    Decoder columns have unit norm, so the weighting is 1 and shrinking h while growing W_dec is not
+    possible. Measuring code mass against the data's RMS norm sqrt(v) makes λ independent of the
+    data's scale; the factor 8 puts λ = 0.01 at L0 ≈ 40 for 512 units on MNIST.
+    """
+
+    def code(self, a, x_centred):
+        return F.relu(a), {}
+
+    def penalty(self, h, extras):
+        unit = self.data_var.sqrt() / 8.0
+        return (h * self.W_dec.norm(dim=0)).sum(-1).mean() / unit
+
+
+class KLSAE(SparseAutoencoder):
+    """Sigmoid code with the KL sparsity penalty (Ng, UFLDL notes).
+
+    h = sigmoid(a);  penalty = Σ_j KL(ρ ‖ ρ̂_j) = Σ_j ρ log(ρ/ρ̂_j) + (1−ρ) log((1−ρ)/(1−ρ̂_j)),
+    ρ̂_j = batch mean of h_j. A unit "fires" when h_j > ``kl_threshold`` (0.1). The decoder sees
+    h · sqrt(v) with unit-norm columns, so a fully-on unit draws a typical centred image.
+    """
+
+    code_scale_is_data_norm = True
+
+    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0):
+        super().__init__(config, mean_image, data_var)
+        self.fire_threshold = config.kl_threshold
+
+    def code(self, a, x_centred):
+        return torch.sigmoid(a), {}
+
+    def penalty(self, h, extras):
+        rho = self.config.rho
+        rho_hat = h.mean(0).clamp(1e-6, 1 - 1e-6)
+        kl = rho * torch.log(rho / rho_hat) + (1 - rho) * torch.log((1 - rho) / (1 - rho_hat))
+        return kl.sum()
+
+
+class SparsemaxSAE(SparseAutoencoder):
+    """Which units fire from sparsemax, how much from a learned per-input magnitude.
+
+    For G groups of H/G units (G = ``groups``, default 1):
+
+        p_g = sparsemax(a_g / T_g)                    on the simplex, exact zeros   [B, G, H/G]
+        r_g = softplus(w_g · (x − b_dec) + c_g)       magnitude of group g          [B, G]
+        h   = r ⊙ p
+
+    On its support sparsemax is p_j = a_j / T − τ(a), so h_j = (r/T) · ReLU(a_j − T τ(a)): a ReLU
+    whose threshold adapts to each input. The learnable temperature T_g (one per group, stored as
+    log T) sets how many units share the mass: the support of sparsemax(a / T) grows with T. It
+    starts at T₀ = 25 sqrt(v / D), about 10 % of the units active on MNIST with the tied init; without
+    it the encoder would have to rescale all its rows to change the support size, and training
+    settles on a few units per input. The code carries magnitude through r (Σ_j h_j = r, and any
+    non-negative h can be written this way), which a raw sparsemax code cannot (Σ p = 1).
+    ‖p‖₁ ≡ 1, so an L1 penalty on p is a constant with zero gradient; the penalty is instead the
+    effective support size (participation ratio), summed over groups:
+
+        penalty = Σ_g 1 / Σ_j p_gj²
+
+    which equals k when p is uniform on k units, so λ is a price per active unit, and its gradient
+    moves mass onto fewer units, raising τ until small entries leave the support.
+    """
+
+    # a resampled unit must out-score the others on its input to enter the support at all
+    resample_encoder_scale = 1.0
+
+    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0):
+        super().__init__(config, mean_image, data_var)
+        if config.hidden % config.groups:
+            raise ValueError(f"hidden {config.hidden} is not divisible by groups {config.groups}")
+        self.scale_head = nn.Linear(config.input_dim, config.groups)
+        nn.init.zeros_(self.scale_head.weight)
+        nn.init.constant_(self.scale_head.bias, _inverse_softplus(math.sqrt(data_var)))
+        t0 = 25.0 * math.sqrt(data_var / config.input_dim)
+        self.log_temperature = nn.Parameter(torch.full((config.groups,), math.log(t0)))
+
+    def support_map(self, a: Tensor) -> Tensor:
+        return sparsemax(a, dim=-1, groups=self.config.groups)
+
+    def code(self, a, x_centred):
+        G = self.config.groups
+        scores = (a.view(len(a), G, -1) / self.log_temperature.exp()[:, None]).view_as(a)
+        p = self.support_map(scores)
+        r = F.softplus(self.scale_head(x_centred))  # [B, G]
+        h = (p.view(len(p), G, -1) * r.unsqueeze(-1)).view_as(p)
+        return h, {"p": p}
+
+    def penalty(self, h, extras):
+        p = extras["p"]
+        p = p.view(len(p), self.config.groups, -1)
+        return (1.0 / p.pow(2).sum(-1).clamp_min(1e-12)).sum(-1).mean()
+
+
+class EntmaxSAE(SparsemaxSAE):
+    """As the Sparsemax-SAE with α-entmax as the support map (α = 2 is sparsemax).
+
+    ``alpha_mode``: ``learn`` (α = 1 + softplus(θ), always > 1), ``anneal`` (α from ``alpha`` to
+    2 over the first half of training, a soft start that ends as sparsemax) or ``fixed``.
+    """
+
+    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0):
+        super().__init__(config, mean_image, data_var)
+        self.entmax = EntmaxAlpha(alpha=config.alpha, learnable=config.alpha_mode == "learn",
+                                  dim=-1, groups=config.groups)
+
+    def current_alpha(self) -> float | Tensor:
+        if self.config.alpha_mode == "anneal":
+            half = self._total_steps() // 2
+            return anneal(self.global_step, self.config.alpha, 2.0, half)
+        return self.entmax.alpha
+
+    def support_map(self, a: Tensor) -> Tensor:
+        if self.config.alpha_mode == "anneal":
+            return entmax_alpha(a, self.current_alpha(), dim=-1, groups=self.config.groups)
+        return self.entmax(a)
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        alpha = self.current_alpha()
+        self.log("train/alpha", alpha.detach() if torch.is_tensor(alpha) else float(alpha))
+        return loss
+
+
+class TopKSAE(SparseAutoencoder):
+    """h = the k largest entries of ReLU(a), zeros elsewhere (Gao et al. 2024); no penalty.
+
+    k sets L0 directly. AuxK: the ``aux_k`` largest pre-activations of dead units reconstruct the
+    residual e = x − x̂ (detached), adding ``aux_coef`` · ‖e − W_dec z_aux‖² / v to the loss, so
+    dead units receive gradient.
+    """
+
+    def code(self, a, x_centred):
+        values, index = torch.topk(a, min(self.config.k, a.shape[-1]), dim=-1)
+        h = torch.zeros_like(a).scatter_(-1, index, F.relu(values))
+        return h, {}
+
+    def penalty(self, h, extras):
+        return h.new_zeros(())
+
+    def extra_loss(self, x, x_hat, h, extras):
+        if self.config.resolved_dead_guard() != "auxk":
+            return None
+        dead = self.dead_mask(reduce=False)
+        a = extras["a"].masked_fill(~dead, float("-inf"))
+        k_aux = min(self.config.aux_k, a.shape[-1])
+        values, index = torch.topk(a, k_aux, dim=-1)
+        z = torch.zeros_like(a).scatter_(-1, index, F.relu(values).nan_to_num(0.0))
+        residual = (x - x_hat).detach()
+        aux = (residual - F.linear(z, self.W_dec)).pow(2).sum(-1).mean() / self.data_var
+        # with no dead unit the term is a constant: zero it rather than inflate the logged loss
+        return self.config.aux_coef * aux * dead.any()
+
+
+MODEL_CLASSES: dict[str, type[SparseAutoencoder]] = {
+    "l1": L1SAE, "kl": KLSAE, "sparsemax": SparsemaxSAE, "entmax": EntmaxSAE, "topk": TopKSAE}
+
+
+def build_model(config: SAEConfig, mean_image: Tensor | None = None,
+                data_var: float = 1.0) -> SparseAutoencoder:
+    """The SAE variant named by ``config.model``."""
+    if config.model not in MODEL_CLASSES:
+        raise ValueError(f"unknown model {config.model!r}; choose from {MODELS}")
+    return MODEL_CLASSES[config.model](config, mean_image, data_var)
+
+
+@torch.no_grad()
+def encode_dataset(model: SparseAutoencoder, x: Tensor,
+                   batch_size: int = 1024) -> tuple[Tensor, Tensor]:
+    """Run the model over x [N, D] in eval mode on its device -> (x̂ [N, D], h [N, H]) on CPU."""
+    was_training = model.training
+    model.eval()
+    x_hats, codes = [], []
+    for start in range(0, len(x), batch_size):
+        batch = x[start:start + batch_size].to(model.device)
+        x_hat, h, _ = model(batch)
+        x_hats.append(x_hat.float().cpu())
+        codes.append(h.float().cpu())
+    model.train(was_training)
+    H = model.config.hidden
+    return (torch.cat(x_hats) if x_hats else x.new_zeros(0, x.shape[-1]),
+            torch.cat(codes) if codes else x.new_zeros(0, H))

@@ -1,0 +1,443 @@
+"""Run folder -> one self-contained ``report.html``.
+
+Usage::
+
+    python -m sae.report <run-folder>
+
+The page holds the run's config, its final test metrics, training curves drawn from
+``metrics.csv`` and the latest figure of each kind found under ``figures/<kind>/epoch_<E>.png``.
+Images are inlined as base64 ``data:`` URIs and the CSS is inline: the file has no scripts and
+no external references, so it opens anywhere, offline, and can be mailed or archived alone.
+
+Parts a run does not have yet (no ``metrics.json`` after an interrupted run, no figures, no
+``metrics.csv``) are stated on the page. Only a missing folder or a folder without
+``config.yaml`` (not a run folder) is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import html
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+
+__all__ = ["FIGURE_KINDS", "RunFolderError", "latest_figures", "main", "write_report"]
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# Display order of figure kinds; kinds not listed follow alphabetically.
+FIGURE_KINDS = (
+    "decoder_atoms",
+    "reconstructions",
+    "sparsity_histogram",
+    "activation_frequency",
+    "class_unit_heatmap",
+    "feature_density",
+)
+
+# kind -> (heading, what the reader is looking at)
+_KIND_TEXT = {
+    "decoder_atoms": (
+        "Decoder atoms",
+        "Decoder columns drawn as images, most frequently firing units first; red is positive, "
+        "blue negative, each tile scaled to its own largest absolute weight.",
+    ),
+    "reconstructions": (
+        "Reconstructions",
+        "Inputs above their reconstructions, on a shared grey scale, with each pair's MSE.",
+    ),
+    "sparsity_histogram": (
+        "Sparsity histogram",
+        "Number of active units per input (L0), over all samples and per class.",
+    ),
+    "activation_frequency": (
+        "Unit firing frequency",
+        "Fraction of inputs on which each unit fires, one cell per unit; dead units in red.",
+    ),
+    "class_unit_heatmap": (
+        "Firing frequency per class",
+        "How often each of the most frequent units fires within each class.",
+    ),
+    "feature_density": (
+        "Feature density",
+        "Histogram of log10 firing frequency; dead units counted in their own bar.",
+    ),
+}
+
+# Metric name (last path component, so "test/fvu" matches too) -> definition shown in the table.
+_METRIC_NOTES = {
+    "mse": "mean over pixels and samples of (x − x̂)²",
+    "fvu": "fraction of variance unexplained: Σ‖x − x̂‖² / Σ‖x − x̄‖² (0 = perfect, 1 = mean image)",
+    "explained_variance": "1 − fvu",
+    "l0_mean": "mean number of active units per input",
+    "l0_std": "standard deviation of active units per input",
+    "dead_fraction": "share of units that never fire on the evaluation set",
+    "dense_fraction": "share of units firing on more than 50 % of inputs",
+    "shrinkage": "Σ⟨x̂ − x̄, x − x̄⟩ / Σ‖x − x̄‖² (1 = no shrinking towards the mean)",
+    "probe_accuracy": "linear probe on the codes, test-set accuracy",
+    "wall_time_s": "training wall-clock time in seconds",
+}
+
+_EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
+       max-width: 1180px; margin: 2rem auto; padding: 0 1.2rem; line-height: 1.45; }
+h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
+h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
+h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
+.sub { color: #666; margin-top: 0; }
+nav a { margin-right: 1rem; color: #2a5db0; }
+table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; }
+th, td { text-align: left; padding: 0.25rem 0.8rem; border-bottom: 1px solid #e6e6e6;
+         vertical-align: top; }
+th { background: #f4f4f4; }
+td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.note { color: #666; }
+figure { margin: 0.6rem 0 1.6rem 0; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9rem; }
+.missing { background: #fff6e5; border-left: 4px solid #f0a020; padding: 0.5rem 0.8rem; }
+code { background: #f4f4f4; padding: 0 0.2rem; }
+"""
+
+
+class RunFolderError(Exception):
+    """The given path is not a readable run folder."""
+
+
+# --------------------------------------------------------------------------- reading the run
+
+
+def flatten(mapping: Mapping, prefix: str = "") -> dict[str, object]:
+    """Nested mapping -> ``{"a.b.c": value}`` (leaf values kept as they are)."""
+    flat: dict[str, object] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _read_config(path: Path) -> tuple[dict[str, object], str | None]:
+    """Flattened config and a problem description (None when it read cleanly)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return {}, f"config.yaml could not be read: {exc}"
+    if data is None:
+        return {}, "config.yaml is empty."
+    if not isinstance(data, Mapping):
+        return {}, f"config.yaml holds a {type(data).__name__}, not a mapping."
+    return flatten(data), None
+
+
+def _read_metrics(path: Path) -> tuple[dict[str, object], str | None]:
+    """Flattened final metrics and a problem description (None when present and valid)."""
+    if not path.is_file():
+        return {}, ("No metrics.json: the run was interrupted or is still training, "
+                    "so there are no final test metrics.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return {}, f"metrics.json could not be read: {exc}"
+    if not isinstance(data, Mapping):
+        return {}, f"metrics.json holds a {type(data).__name__}, not an object."
+    return flatten(data), None
+
+
+def _find_metrics_csv(run_dir: Path) -> Path | None:
+    """``<run>/metrics.csv``, else the newest ``metrics.csv`` below the run (logger versions)."""
+    root = run_dir / "metrics.csv"
+    if root.is_file():
+        return root
+    found = [p for p in run_dir.glob("*/**/metrics.csv") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _latest_epoch_png(kind_dir: Path) -> tuple[int, Path] | None:
+    """The ``epoch_<E>.png`` with the highest E in a folder (numeric, so 10 beats 9)."""
+    best: tuple[int, Path] | None = None
+    for path in kind_dir.iterdir():
+        match = _EPOCH_PNG.fullmatch(path.name)
+        if match and path.is_file() and (best is None or int(match[1]) > best[0]):
+            best = (int(match[1]), path)
+    return best
+
+
+def latest_figures(run_dir: Path) -> list[tuple[str, int, Path]]:
+    """``(kind, epoch, path)`` of the latest figure of each kind, in display order."""
+    root = Path(run_dir) / "figures"
+    if not root.is_dir():
+        return []
+    found = {}
+    for kind_dir in root.iterdir():
+        latest = _latest_epoch_png(kind_dir) if kind_dir.is_dir() else None
+        if latest is not None:
+            found[kind_dir.name] = latest
+    known = [k for k in FIGURE_KINDS if k in found]
+    order = known + sorted(k for k in found if k not in FIGURE_KINDS)
+    return [(kind, *found[kind]) for kind in order]
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _is_fraction(name: str) -> bool:
+    """Metrics that are shares of something and read best also as a percentage."""
+    leaf = name.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+    return "fraction" in leaf or "accuracy" in leaf or leaf in {"fvu", "explained_variance"}
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as '1 h 02 min', '3 min 05 s' or '12.3 s'."""
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+    if seconds >= 60:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{seconds:.3g} s"
+
+
+def format_value(value: object) -> str:
+    """A config or metric value as short text: 4 significant digits for floats."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def format_metric(name: str, value: object) -> str:
+    """``format_value`` plus a percentage for fractions and a readable form for seconds."""
+    text = format_value(value)
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not is_number or not math.isfinite(value):
+        return text
+    if _is_fraction(name):
+        return f"{text} ({100 * value:.4g} %)"
+    if name.endswith("_s") and value >= 60:
+        return f"{text} ({_duration(float(value))})"
+    return text
+
+
+def _config_value(value: object) -> str:
+    """Config values as written (no rounding: the config must be reproducible from the page)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_config_value(v) for v in value) + "]"
+    return format_value(value)
+
+
+# --------------------------------------------------------------------------- HTML pieces
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _missing(text: str) -> str:
+    return f'<p class="missing">{_esc(text)}</p>'
+
+
+def _img(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{_esc(alt)}">'
+
+
+def _config_section(config: dict[str, object], problem: str | None) -> str:
+    if problem:
+        return _missing(problem)
+    rows = "".join(
+        f"<tr><td>{_esc(k)}</td><td class=\"num\">{_esc(_config_value(v))}</td></tr>"
+        for k, v in config.items()
+    )
+    return f"<table><tr><th>setting</th><th>value</th></tr>{rows}</table>"
+
+
+def _metrics_section(metrics: dict[str, object], problem: str | None) -> str:
+    if problem:
+        return _missing(problem)
+    if not metrics:
+        return _missing("metrics.json holds no metrics.")
+    rows = []
+    for name, value in metrics.items():
+        note = _METRIC_NOTES.get(name.rsplit("/", 1)[-1], "")
+        rows.append(f"<tr><td>{_esc(name)}</td><td class=\"num\">{_esc(format_metric(name, value))}"
+                    f"</td><td class=\"note\">{_esc(note)}</td></tr>")
+    return ("<table><tr><th>metric</th><th>value</th><th>definition</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
+def _curves_section(run_dir: Path) -> str:
+    """Training curves drawn now from metrics.csv (so the report is current mid-training)."""
+    path = _find_metrics_csv(run_dir)
+    if path is None:
+        return _missing("No metrics.csv: no training curves were logged.")
+    # Imported here so that the CLI's argument and folder errors come back without the cost of
+    # loading the plotting stack.
+    import pandas as pd
+
+    from sae import figures
+
+    try:
+        history = pd.read_csv(path)
+    except (OSError, ValueError) as exc:  # pandas' EmptyDataError and ParserError are ValueErrors
+        return _missing(f"{path.relative_to(run_dir)} could not be read: {exc}")
+    fig = figures.training_curves(history)
+    png = figures.figure_to_png_bytes(fig)
+    fig.clear()
+    source = _esc(path.relative_to(run_dir))
+    return (f"<figure>{_img(png, 'training curves')}<figcaption>Drawn from "
+            f"<code>{source}</code> ({len(history):,} logged rows).</figcaption></figure>")
+
+
+def _figures_section(run_dir: Path) -> str:
+    latest = latest_figures(run_dir)
+    if not latest:
+        return _missing("No figures yet: figures/<kind>/epoch_<E>.png holds nothing.")
+    parts = []
+    for kind, epoch, path in latest:
+        heading, caption = _KIND_TEXT.get(kind, (kind.replace("_", " ").capitalize(), ""))
+        try:
+            png = path.read_bytes()
+        except OSError as exc:
+            parts.append(f"<h3>{_esc(heading)}</h3>{_missing(f'{path.name}: {exc}')}")
+            continue
+        if not png.startswith(PNG_SIGNATURE):
+            body = _missing(f"figures/{kind}/{path.name} is not a PNG file.")
+        else:
+            where = f"Epoch {epoch} (figures/{kind}/{path.name}). {caption}".strip()
+            body = f"<figure>{_img(png, heading)}<figcaption>{_esc(where)}</figcaption></figure>"
+        parts.append(f'<h3 id="fig-{_esc(kind)}">{_esc(heading)}</h3>{body}')
+    return "".join(parts)
+
+
+def _lookup(config: dict[str, object], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        if key in config and isinstance(config[key], str | int | float):
+            return str(config[key])
+    return None
+
+
+def render_report(run_dir: Path) -> str:
+    """The complete HTML text of a run's report."""
+    run_dir = Path(run_dir)
+    config, config_problem = _read_config(run_dir / "config.yaml")
+    metrics, metrics_problem = _read_metrics(run_dir / "metrics.json")
+    model = _lookup(config, ("model", "model.name", "model.type", "model.kind"))
+    dataset = _lookup(config, ("dataset", "data.dataset", "data.name", "dataset.name"))
+    name = _lookup(config, ("name", "run_name")) or run_dir.resolve().name
+    subtitle = " on ".join(part for part in (model, dataset) if part) or "model not recorded"
+    status = ("complete: final test metrics present" if not metrics_problem
+              else "no final test metrics (interrupted or still training)")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_esc(name)}: {_esc(subtitle)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{_esc(name)}</h1>
+<p class="sub">{_esc(subtitle)} · run {_esc(status)} · report generated {_esc(stamp)}</p>
+<nav><a href="#metrics">Final metrics</a><a href="#curves">Training curves</a>\
+<a href="#figures">Figures</a><a href="#config">Config</a></nav>
+<h2 id="metrics">Final test metrics</h2>
+{_metrics_section(metrics, metrics_problem)}
+<h2 id="curves">Training curves</h2>
+{_curves_section(run_dir)}
+<h2 id="figures">Figures (latest epoch of each kind)</h2>
+{_figures_section(run_dir)}
+<h2 id="config">Config</h2>
+{_config_section(config, config_problem)}
+</body>
+</html>
+"""
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    if not run_dir.exists():
+        raise RunFolderError(f"run folder not found: {run_dir}")
+    if not run_dir.is_dir():
+        raise RunFolderError(f"not a folder: {run_dir}")
+    if not (run_dir / "config.yaml").is_file():
+        raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file next to ``path``, then rename: readers never see half a page."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write ``<run_dir>/report.html`` and return its path.
+
+    Raises:
+        RunFolderError: ``run_dir`` is missing, not a folder, or has no ``config.yaml``.
+    """
+    run_dir = Path(run_dir)
+    _check_run_dir(run_dir)
+    out = run_dir / "report.html"
+    _write_atomic(out, render_report(run_dir))
+    return out
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one ``error: ...`` line (exit code 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="python -m sae.report",
+                     description="Write <run-folder>/report.html, a self-contained run report.")
+    parser.add_argument("run", type=Path, help="run folder (holds config.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        path = write_report(args.run)
+    except (RunFolderError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

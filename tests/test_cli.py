@@ -1,0 +1,202 @@
+"""python -m sae.run as a user calls it: a subprocess on real (subset) MNIST data."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from sae.models import MODELS
+
+QUICK = ["--limit-train", "1024", "--val-size", "256", "--limit-test", "256", "--hidden", "64",
+         "--batch-size", "128", "--k", "8"]
+
+
+def run_cli(args, cwd, data_dir, timeout=300, **env_extra):
+    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1",
+               SAE_CACHE_DIR=str(Path(cwd) / "cache"), **env_extra)
+    env.pop("SAE_RUN_DIR", None)
+    return subprocess.run([sys.executable, "-m", "sae.run", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(result):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_shows_defaults(tmp_path, data_dir):
+    result = run_cli(["--help"], tmp_path, data_dir)
+    assert result.returncode == 0
+    assert "--lambda" in result.stdout and "(default: 0.01)" in result.stdout
+    assert "--resume" in result.stdout and "--devices" in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["--lambda", "-1"], ["--lambda", "nan"], ["--hidden", "0"], ["--model", "pca"],
+    ["--k", "0"], ["--k", "100", "--hidden", "64"], ["--groups", "3"], ["--rho", "1.5"],
+    ["--alpha", "1.0"], ["--epochs", "two"], ["--dataset", "cifar"], ["--lr", "0"],
+    ["--data-dir", "/nonexistent/folder"], ["--config", "missing.yaml"],
+    ["--dead-guard", "auxk", "--model", "l1"], ["--resume", "--overwrite"],
+    ["--resume"], ["--unknown-flag"],
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, data_dir, args):
+    result = run_cli(args, tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_bad_config_file(tmp_path, data_dir):
+    (tmp_path / "bad.yaml").write_text("model: sparsemax\nbogus: 3\n")
+    assert_one_line_error(run_cli(["--config", "bad.yaml"], tmp_path, data_dir))
+    (tmp_path / "bad2.yaml").write_text("hidden: -4\n")
+    result = run_cli(["--config", "bad2.yaml"], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert "bad2.yaml" in result.stderr
+
+
+def test_missing_data_is_one_clear_error(tmp_path, data_dir):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_cli(["--data-dir", empty, "--out", tmp_path / "run"], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert "--data-dir" in result.stderr and "SAE_DATA_DIR" in result.stderr
+
+
+def test_existing_run_folder_is_never_touched(tmp_path, data_dir):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("model: l1\n")
+    (out / "metrics.json").write_text('{"fvu": 0.1}')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert_one_line_error(run_cli(["--out", out, *QUICK], tmp_path, data_dir))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # --overwrite refuses a folder that is not a run folder
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "thesis.tex").write_text("precious")
+    assert_one_line_error(run_cli(["--out", other, "--overwrite", *QUICK], tmp_path, data_dir))
+    assert (other / "thesis.tex").read_text() == "precious"
+
+
+def read_history(out: Path) -> pd.DataFrame:
+    return pd.read_csv(out / "metrics.csv")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_trains_end_to_end(tmp_path, data_dir, model):
+    out = tmp_path / "run"
+    result = run_cli(["--model", model, "--max-steps", 24, "--out", out, *QUICK],
+                     tmp_path, data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["model"] == model and config["lambda"] == 0.01
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
+                "wall_time_s"):
+        assert isinstance(metrics[key], float)
+    assert 0 < metrics["fvu"] < 1.5 and metrics["steps"] == 24
+    assert (out / "checkpoints" / "last.ckpt").is_file()
+    assert (out / "checkpoints" / "best.ckpt").is_file()
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    history = read_history(out)
+    assert {"train/loss", "train/lambda", "val/loss", "val/l0"} <= set(history.columns)
+    lam = history["train/lambda"].dropna()
+    assert lam.iloc[0] < lam.iloc[-1] == pytest.approx(0.01)  # λ warms up
+    for kind in ("decoder_atoms", "reconstructions", "sparsity_histogram",
+                 "activation_frequency", "class_unit_heatmap", "feature_density"):
+        pngs = list((out / "figures" / kind).glob("epoch_*.png"))
+        assert pngs and pngs[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and f"{metrics['fvu']:.4g}"[:4] in html
+
+
+@pytest.mark.slow
+def test_config_file_and_flags_layer(tmp_path, data_dir):
+    (tmp_path / "exp.yaml").write_text("model: kl\nlambda: 0.05\nrho: 0.1\nhidden: 32\n")
+    out = tmp_path / "run"
+    result = run_cli(["--config", "exp.yaml", "--lambda", "0.02", "--max-steps", 4,
+                      "--out", out, *QUICK[:6], "--no-figures", "--no-report"],
+                     tmp_path, data_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert (config["model"], config["lambda"], config["rho"], config["hidden"]) == \
+        ("kl", 0.02, 0.1, 32)
+    # the written config re-runs as a --config file
+    again = run_cli(["--config", out / "config.yaml", "--max-steps", 2, "--out",
+                     tmp_path / "run2", "--no-figures", "--no-report"], tmp_path, data_dir)
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_resume_after_interrupted_run(tmp_path, data_dir):
+    out = tmp_path / "run"
+    args = ["--model", "l1", "--out", out, "--limit-train", "512", "--val-size", "256",
+            "--limit-test", "256", "--hidden", "32", "--batch-size", "256", "--epochs", "500",
+            "--no-figures", "--no-report"]
+    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1")
+    env.pop("SAE_RUN_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "sae.run", *map(str, args)], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = out / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            if last.is_file() and torch.load(last, weights_only=False)["epoch"] >= 2:
+                break
+            time.sleep(0.5)
+    except Exception:  # the checkpoint may be caught half-written; try again
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert last.is_file(), "no checkpoint was written before the interruption"
+    assert not (out / "metrics.json").exists()
+    epoch = torch.load(last, weights_only=False)["epoch"]
+    config_before = (out / "config.yaml").read_text()
+    target = epoch + 3
+    result = run_cli(["--out", out, "--resume", "--epochs", target], tmp_path, data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 2 * target  # 2 steps per epoch, counted from the first run
+    history = read_history(out)
+    assert history["epoch"].min() == 0 and history["epoch"].max() == target - 1
+    assert (out / "config.yaml").read_text() == config_before
+    # a finished run is refused without --resume / --overwrite
+    assert_one_line_error(run_cli(["--out", out, "--no-figures"], tmp_path, data_dir))
+
+
+@pytest.mark.slow
+def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
+    from sae.data import ImageDataModule
+    from sae.metrics import firing_frequency, l0
+    from sae.models import SAEConfig, build_model, encode_dataset
+
+    out = tmp_path / "ddp"
+    result = run_cli(["--model", "sparsemax", "--max-steps", 6, "--out", out, "--devices", 2,
+                      "--strategy", "ddp", "--accelerator", "cpu", *QUICK], tmp_path, data_dir,
+                     timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # figures are written once, by rank 0
+    assert len(list((out / "figures" / "decoder_atoms").glob("*.png"))) == 1
+    val = read_history(out).dropna(subset=["val/dead_fraction"]).iloc[-1]
+    # the same model on the same validation images in one process
+    state = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
+    hp = state["hyper_parameters"]
+    model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
+    model.load_state_dict(state["state_dict"])
+    dm = ImageDataModule("mnist", str(data_dir), val_size=256, limit_train=1024)
+    dm.setup()
+    _, codes = encode_dataset(model, dm.val_x)
+    freq = firing_frequency(codes)
+    assert float((freq == 0).float().mean()) == pytest.approx(val["val/dead_fraction"], abs=1e-6)
+    assert float(l0(codes).mean()) == pytest.approx(val["val/l0"], rel=1e-4)

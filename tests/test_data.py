@@ -1,0 +1,118 @@
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+from sae.data import IDX_FILES, DataSourceError, ImageDataModule, load_arrays, read_idx
+
+
+def write_idx(path, array: np.ndarray, compress: bool = False) -> None:
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
+    header += struct.pack(f">{array.ndim}I", *array.shape)
+    raw = header + array.astype(np.uint8).tobytes()
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        raw = gzip.compress(raw)
+    path.write_bytes(raw)
+
+
+def write_dataset(folder, n_train=30, n_test=10, compress=False, seed=0):
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "train_images": rng.integers(0, 256, (n_train, 28, 28)),
+        "train_labels": rng.integers(0, 10, n_train),
+        "test_images": rng.integers(0, 256, (n_test, 28, 28)),
+        "test_labels": rng.integers(0, 10, n_test),
+    }
+    for key, stem in IDX_FILES.items():
+        write_idx(folder / stem, arrays[key], compress)
+    return arrays
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_read_idx_round_trip(tmp_path, compress):
+    array = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / "x-idx3-ubyte", array, compress)
+    name = "x-idx3-ubyte.gz" if compress else "x-idx3-ubyte"
+    np.testing.assert_array_equal(read_idx(tmp_path / name), array)
+
+
+def test_truncated_file_is_named(tmp_path):
+    array = np.zeros((5, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "t-idx3-ubyte", array)
+    path = tmp_path / "t-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(DataSourceError, match="t-idx3-ubyte.*truncated"):
+        read_idx(path)
+
+
+def test_corrupt_magic_and_bad_gzip_are_named(tmp_path):
+    bad = tmp_path / "bad-idx1-ubyte"
+    bad.write_bytes(b"\x12\x34\x08\x01" + b"\x00" * 8)
+    with pytest.raises(DataSourceError, match="bad-idx1-ubyte.*not an IDX"):
+        read_idx(bad)
+    gz = tmp_path / "bad-idx1-ubyte.gz"
+    gz.write_bytes(b"this is not gzip")
+    with pytest.raises(DataSourceError, match="bad-idx1-ubyte.gz"):
+        read_idx(gz)
+
+
+@pytest.mark.parametrize("layout", ["dataset", "flat", "torchvision"])
+def test_load_arrays_layouts(tmp_path, layout):
+    folder = {"dataset": tmp_path / "mnist", "flat": tmp_path,
+              "torchvision": tmp_path / "MNIST" / "raw"}[layout]
+    arrays = write_dataset(folder, compress=layout == "dataset")
+    got = load_arrays("mnist", data_dir=tmp_path, cache_dir=tmp_path / "cache", download=False)
+    np.testing.assert_array_equal(got.train_images, arrays["train_images"])
+    np.testing.assert_array_equal(got.test_labels, arrays["test_labels"])
+    assert got.train_labels.dtype == np.int64
+
+
+def test_missing_file_is_named(tmp_path):
+    write_dataset(tmp_path / "mnist")
+    (tmp_path / "mnist" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataSourceError, match="t10k-labels-idx1-ubyte"):
+        load_arrays("mnist", data_dir=tmp_path, cache_dir=tmp_path / "cache", download=False)
+
+
+def test_no_source_message_names_both_ways(tmp_path, monkeypatch):
+    monkeypatch.delenv("SAE_DATA_DIR", raising=False)
+    with pytest.raises(DataSourceError) as err:
+        load_arrays("fashion-mnist", data_dir=None, cache_dir=tmp_path, download=False)
+    message = str(err.value)
+    assert "--data-dir" in message and "SAE_DATA_DIR" in message and "download" in message
+    assert "\n" not in message
+
+
+def test_cached_torchvision_root_is_used(tmp_path, monkeypatch):
+    monkeypatch.delenv("SAE_DATA_DIR", raising=False)
+    arrays = write_dataset(tmp_path / "FashionMNIST" / "raw")
+    got = load_arrays("fashion-mnist", cache_dir=tmp_path, download=False)
+    np.testing.assert_array_equal(got.train_images, arrays["train_images"])
+
+
+def test_datamodule_split_is_fixed_and_disjoint(tmp_path):
+    write_dataset(tmp_path / "mnist", n_train=50, n_test=12)
+    a = ImageDataModule("mnist", str(tmp_path), batch_size=8, val_size=10, split_seed=3,
+                        cache_dir=str(tmp_path / "c"), download=False)
+    b = ImageDataModule("mnist", str(tmp_path), batch_size=8, val_size=10, split_seed=3,
+                        cache_dir=str(tmp_path / "c"), download=False)
+    a.setup(), b.setup()
+    assert a.train_x.shape == (40, 784) and a.val_x.shape == (10, 784)
+    assert a.test_x.shape == (12, 784)
+    assert float(a.train_x.max()) <= 1.0 and float(a.train_x.min()) >= 0.0
+    assert (a.val_x == b.val_x).all()
+    rows = {tuple(r.tolist()) for r in a.train_x}
+    assert not any(tuple(r.tolist()) in rows for r in a.val_x)
+    x, y = next(iter(a.train_dataloader()))
+    assert x.shape == (8, 784) and y.shape == (8,)
+    assert sum(len(b[0]) for b in a.val_dataloader()) == 10
+
+
+def test_real_mnist_class_counts(data_dir):
+    arrays = load_arrays("mnist", data_dir=data_dir, download=False)
+    assert arrays.train_images.shape == (60000, 28, 28)
+    counts = np.bincount(arrays.test_labels, minlength=10).tolist()
+    assert counts == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]

@@ -1,0 +1,323 @@
+"""Tests for sae.figures: panel and tile counts, titles, ordering, and degenerate inputs."""
+
+from __future__ import annotations
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from sae import figures as F
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SHAPE = (8, 8)  # small tiles keep rendering cheap; D = 64
+D = SHAPE[0] * SHAPE[1]
+
+
+def image_axes(fig: Figure) -> list:
+    """Axes that show an image (tiles, heatmaps), excluding colour bars."""
+    return [ax for ax in fig.axes if ax.images]
+
+
+def all_text(fig: Figure) -> str:
+    """Every title, label and text of a figure, joined (for content checks)."""
+    return " ".join(t.get_text() for t in fig.findobj(mpl.text.Text))
+
+
+def render(fig: Figure) -> bytes:
+    """Draw the figure (layout, norms and tickers run only at draw time)."""
+    data = F.figure_to_png_bytes(fig, dpi=30)
+    assert data.startswith(PNG_SIGNATURE)
+    return data
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def freq(rng) -> np.ndarray:
+    f = 10 ** rng.uniform(-4, -0.2, 50)
+    f[[3, 7, 11]] = 0.0
+    return f
+
+
+# --------------------------------------------------------------------------- sparsity histogram
+
+
+def test_sparsity_histogram_overall(rng):
+    l0 = rng.poisson(6, 300)
+    fig = F.sparsity_histogram(l0)
+    assert len(fig.axes) == 1
+    assert fig.get_suptitle()
+    assert f"mean L0 = {l0.mean():.3g}" in fig.axes[0].get_title()
+    render(fig)
+
+
+def test_sparsity_histogram_facets_per_class(rng):
+    labels = rng.integers(0, 3, 300)
+    fig = F.sparsity_histogram(rng.poisson(6, 300), labels, ["zero", "one", "two"])
+    assert len(fig.axes) == 4  # overall + 3 classes, unused grid cells removed
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("all samples")
+    assert [t.split("\n")[0] for t in titles[1:]] == ["zero", "one", "two"]
+    render(fig)
+
+
+def test_sparsity_histogram_empty_class_gets_a_facet(rng):
+    labels = rng.integers(0, 2, 100)  # class 2 has no samples
+    fig = F.sparsity_histogram(rng.poisson(3, 100), labels, ["a", "b", "c"])
+    assert len(fig.axes) == 4
+    assert "n = 0" in fig.axes[3].get_title()
+    assert "no samples" in all_text(fig)
+    render(fig)
+
+
+def test_sparsity_histogram_wide_codes_use_integer_bins_of_several_units():
+    edges, width = F._l0_edges(np.array([0, 1000]))
+    assert width > 1
+    assert np.allclose(np.diff(edges), width)
+    assert np.allclose(edges + 0.5, np.round(edges + 0.5))  # edges sit on half-integers
+
+
+# --------------------------------------------------------------------------- frequency grid
+
+
+def test_activation_frequency_grid_layout_and_dead_marking(freq):
+    fig = F.activation_frequency_grid(freq)
+    (ax,) = image_axes(fig)
+    im = ax.images[0]
+    assert im.get_array().shape == (7, 8)  # ceil(sqrt(50)) = 8 columns, 7 rows
+    assert len(fig.axes) == 2  # grid + colour bar
+    assert "log scale" in fig.axes[1].get_ylabel()
+    assert "3 dead" in fig.get_suptitle()
+    cells = np.ma.filled(im.get_array().astype(float), np.nan).ravel()
+    assert np.all(cells[[3, 7, 11]] < im.norm.vmin)  # painted with the "under" (dead) colour
+    assert np.all(np.isnan(cells[50:]))  # padding takes the "bad" colour
+    render(fig)
+
+
+# --------------------------------------------------------------------------- class x unit heatmap
+
+
+def test_class_unit_heatmap_orders_units_most_frequent_first(rng):
+    class_freq = rng.uniform(0, 0.2, (3, 20))
+    class_freq[:, 13] = 0.9  # the busiest unit must come first
+    fig = F.class_unit_heatmap(class_freq, ["a", "b", "c"], max_units=5)
+    (ax,) = image_axes(fig)
+    assert ax.images[0].get_array().shape == (3, 5)
+    order = np.argsort(-class_freq.mean(0), kind="stable")[:5]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(j) for j in order]
+    assert order[0] == 13
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+    assert fig.get_suptitle() and ax.get_xlabel()
+    assert fig.axes[1].get_ylabel()  # colour bar labelled
+    render(fig)
+
+
+def test_class_unit_heatmap_keeps_all_units_when_few():
+    fig = F.class_unit_heatmap(np.full((2, 4), 0.25))
+    assert image_axes(fig)[0].images[0].get_array().shape == (2, 4)
+
+
+# --------------------------------------------------------------------------- feature density
+
+
+def test_feature_density_counts_dead_units(freq):
+    fig = F.feature_density_histogram(freq)
+    assert len(fig.axes) == 1
+    assert "3 dead" in fig.get_suptitle()
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("dead" in t and "3" in t for t in legend)
+    assert any("live units: 47" in t for t in legend)
+    render(fig)
+
+
+# --------------------------------------------------------------------------- decoder atoms
+
+
+@pytest.mark.parametrize(("h", "n", "tiles"), [(30, 9, 9), (5, 64, 5), (1, 64, 1)])
+def test_decoder_atoms_tile_count(rng, h, n, tiles):
+    fig = F.decoder_atoms(rng.normal(size=(D, h)), rng.uniform(size=h), n=n, image_shape=SHAPE)
+    assert len(image_axes(fig)) == tiles
+    assert fig.get_suptitle()
+    render(fig)
+
+
+def test_decoder_atoms_most_used_first_and_symmetric_scale(rng):
+    dec = rng.normal(size=(D, 6))
+    freq = np.array([0.1, 0.0, 0.5, 0.3, 0.2, 0.05])
+    fig = F.decoder_atoms(dec, freq, n=4, image_shape=SHAPE)
+    tiles = image_axes(fig)
+    assert [ax.get_title().split(":")[0] for ax in tiles] == ["#2", "#3", "#4", "#0"]
+    assert tiles[0].get_title() == "#2: 50%"
+    for ax, j in zip(tiles, [2, 3, 4, 0], strict=True):
+        lo, hi = ax.images[0].get_clim()
+        assert lo == -hi == pytest.approx(-np.abs(dec[:, j]).max())
+    colour_bars = [ax for ax in fig.axes if not ax.images]
+    assert len(colour_bars) == 1 and "max |w|" in colour_bars[0].get_ylabel()
+
+
+def test_decoder_atoms_odd_input_size_falls_back_to_a_strip(rng):
+    fig = F.decoder_atoms(rng.normal(size=(10, 3)), np.ones(3), image_shape=(28, 28))
+    assert image_axes(fig)[0].images[0].get_array().shape == (1, 10)
+    render(fig)
+
+
+def test_decoder_atoms_rejects_mismatched_freq(rng):
+    with pytest.raises(ValueError, match="freq"):
+        F.decoder_atoms(rng.normal(size=(D, 4)), np.ones(3), image_shape=SHAPE)
+
+
+# --------------------------------------------------------------------------- reconstructions
+
+
+@pytest.mark.parametrize(("rows", "n", "pairs"), [(20, 16, 16), (3, 16, 3), (1, 1, 1)])
+def test_reconstructions_pairs(rng, rows, n, pairs):
+    x = rng.uniform(size=(rows, D))
+    fig = F.reconstructions(x, x + 0.1, image_shape=SHAPE, n=n)
+    tiles = image_axes(fig)
+    assert len(tiles) == 2 * pairs
+    assert tiles[0].get_ylabel() == "input"
+    assert fig.get_suptitle()
+    render(fig)
+
+
+def test_reconstructions_inputs_sit_above_outputs(rng):
+    x = rng.uniform(size=(2, D))
+    fig = F.reconstructions(x, np.zeros_like(x), image_shape=SHAPE)
+    tiles = image_axes(fig)
+    tops = [ax.get_position().y0 for ax in tiles if ax.get_ylabel() == "input"]
+    bottoms = [ax.get_position().y0 for ax in tiles if ax.get_ylabel() == "output"]
+    assert tops and bottoms and min(tops) > max(bottoms)
+    assert np.array_equal(tiles[0].images[0].get_array(), x[0].reshape(SHAPE))
+
+
+# --------------------------------------------------------------------------- training curves
+
+
+def history(n_steps: int = 300) -> pd.DataFrame:
+    """A CSVLogger-like frame: train rows every step, val rows every 100 steps (sparse)."""
+    rows = [{"step": s, "epoch": s // 100, "train/loss": 1 / (1 + s), "train/recon": 1 / (1 + s),
+             "train/penalty": 3.0, "train/lambda": min(s / 50, 1) * 0.01,
+             "train/l0": 20 - s / 30, "train/dead_fraction": 0.01} for s in range(n_steps)]
+    rows += [{"step": s, "epoch": s // 100, "val/loss": 0.1, "val/fvu": 0.3, "val/mse": 0.02,
+              "val/l0": 9.0, "val/dead_fraction": 0.02} for s in range(99, n_steps, 100)]
+    return pd.DataFrame(rows)
+
+
+def test_training_curves_all_panels():
+    fig = F.training_curves(history())
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 7 and all(titles)
+    assert titles[0] == "Total loss" and any("λ" in t for t in titles)
+    loss = fig.axes[0]
+    assert {line.get_label() for line in loss.get_lines()} >= {"val"}
+    assert all(ax.get_xlabel() == "training step" for ax in fig.axes)
+    render(fig)
+
+
+def test_training_curves_skips_unlogged_panels():
+    frame = history()[["step", "epoch", "train/loss", "train/l0"]]
+    fig = F.training_curves(frame)
+    assert [ax.get_title() for ax in fig.axes] == ["Total loss", "Active units per input"]
+    render(fig)
+
+
+def test_training_curves_reads_sparse_rows_per_column():
+    frame = history(250)
+    fig = F.training_curves(frame)
+    val_line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "val")
+    assert list(val_line.get_xdata()) == [99, 199]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [pd.DataFrame(), pd.DataFrame(columns=["step", "epoch", "train/loss"]),
+     pd.DataFrame({"step": [0, 1], "epoch": [0, 0], "other": [1.0, 2.0]})],
+    ids=["empty", "no-rows", "unknown-columns"],
+)
+def test_training_curves_without_data(frame):
+    fig = F.training_curves(frame)
+    assert len(fig.axes) == 1
+    assert "no training metrics" in all_text(fig)
+    render(fig)
+
+
+# --------------------------------------------------------------------------- degenerate inputs
+
+H = 9
+EDGE_CASES = {
+    "hist-l0-zero": lambda: F.sparsity_histogram(np.zeros(50, int)),
+    "hist-l0-zero-classes": lambda: F.sparsity_histogram(np.zeros(50, int), np.zeros(50, int)),
+    "hist-single-class": lambda: F.sparsity_histogram(np.arange(5), np.zeros(5, int), ["only"]),
+    "hist-no-samples": lambda: F.sparsity_histogram(np.zeros(0, int)),
+    "hist-no-samples-classes": lambda: F.sparsity_histogram(np.zeros(0), np.zeros(0), ["a"]),
+    "grid-all-dead": lambda: F.activation_frequency_grid(np.zeros(H)),
+    "grid-single-unit": lambda: F.activation_frequency_grid(np.array([0.3])),
+    "grid-single-dead-unit": lambda: F.activation_frequency_grid(np.zeros(1)),
+    "grid-constant": lambda: F.activation_frequency_grid(np.full(H, 0.5)),
+    "grid-no-units": lambda: F.activation_frequency_grid(np.zeros(0)),
+    "heat-all-zero": lambda: F.class_unit_heatmap(np.zeros((3, H))),
+    "heat-empty-class-row": lambda: F.class_unit_heatmap(np.r_[np.ones((1, H)), np.zeros((1, H))]),
+    "heat-single": lambda: F.class_unit_heatmap(np.array([[0.2]]), ["only"]),
+    "heat-1d": lambda: F.class_unit_heatmap(np.full(H, 0.1)),
+    "heat-no-classes": lambda: F.class_unit_heatmap(np.zeros((0, H))),
+    "heat-max-units-0": lambda: F.class_unit_heatmap(np.ones((2, H)), max_units=0),
+    "density-all-dead": lambda: F.feature_density_histogram(np.zeros(H)),
+    "density-single-unit": lambda: F.feature_density_histogram(np.array([1.0])),
+    "density-no-units": lambda: F.feature_density_histogram(np.zeros(0)),
+    "atoms-all-zero": lambda: F.decoder_atoms(np.zeros((D, H)), np.zeros(H), image_shape=SHAPE),
+    "atoms-single-unit": lambda: F.decoder_atoms(np.ones((D, 1)), np.zeros(1), image_shape=SHAPE),
+    "atoms-no-units": lambda: F.decoder_atoms(np.zeros((D, 0)), np.zeros(0), image_shape=SHAPE),
+    "recon-all-zero": lambda: F.reconstructions(np.zeros((2, D)), np.zeros((2, D)), SHAPE),
+    "recon-no-samples": lambda: F.reconstructions(np.zeros((0, D)), np.zeros((0, D)), SHAPE),
+}
+
+
+@pytest.mark.parametrize("make", EDGE_CASES.values(), ids=EDGE_CASES.keys())
+def test_degenerate_inputs_still_give_a_titled_figure(make):
+    fig = make()
+    assert isinstance(fig, Figure)
+    assert fig.get_suptitle()
+    render(fig)
+
+
+def test_all_dead_is_stated():
+    assert "9 dead (100.0%)" in F.activation_frequency_grid(np.zeros(H)).get_suptitle()
+    assert "9 dead" in F.feature_density_histogram(np.zeros(H)).get_suptitle()
+    assert len(image_axes(F.decoder_atoms(np.zeros((D, H)), np.zeros(H), image_shape=SHAPE))) == H
+
+
+# --------------------------------------------------------------------------- output helpers
+
+
+def test_save_png_writes_a_png_and_creates_folders(tmp_path, freq):
+    path = tmp_path / "figures" / "feature_density" / "epoch_3.png"
+    out = F.save_png(F.feature_density_histogram(freq), path)
+    assert out == path
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["epoch_3.png"]  # no temp left
+
+
+def test_figure_to_rgb_shape(freq):
+    fig = F.feature_density_histogram(freq)
+    dpi = fig.dpi
+    rgb = F.figure_to_rgb(fig, dpi=20)
+    w, h = fig.get_size_inches() * 20
+    assert rgb.dtype == np.uint8 and rgb.shape == (round(h), round(w), 3)
+    assert fig.dpi == dpi  # the figure's own dpi is restored
+
+
+def test_no_global_state_leaks(rng, freq):
+    before = dict(mpl.rcParams)
+    figs_before = plt.get_fignums()
+    F.sparsity_histogram(rng.poisson(4, 50), rng.integers(0, 2, 50))
+    F.activation_frequency_grid(freq)
+    F.decoder_atoms(rng.normal(size=(D, 4)), rng.uniform(size=4), image_shape=SHAPE)
+    F.training_curves(history(20))
+    assert plt.get_fignums() == figs_before  # nothing registered with pyplot
+    assert dict(mpl.rcParams) == before  # seaborn style applied only while building

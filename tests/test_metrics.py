@@ -1,0 +1,349 @@
+"""Tests of sae.metrics: each metric against its written definition, by hand and by property."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from sae import metrics as M
+
+
+def data_dir() -> Path:
+    env = os.environ.get("SAE_DATA_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+def t(a) -> torch.Tensor:
+    return torch.tensor(a, dtype=torch.float32)
+
+
+finite = st.floats(-10, 10, allow_nan=False, allow_infinity=False, width=32)
+
+
+def matrices(min_rows=2, max_rows=12, min_cols=1, max_cols=10, elements=finite):
+    shapes = st.tuples(st.integers(min_rows, max_rows), st.integers(min_cols, max_cols))
+    return arrays(np.float32, shapes, elements=elements)
+
+
+# ------------------------------------------------------------------------------------------------
+# reconstruction metrics
+
+
+def test_mse_by_hand():
+    x = t([[0.0, 1.0], [2.0, 3.0]])
+    x_hat = t([[1.0, 1.0], [2.0, 5.0]])
+    # squared errors 1, 0, 0, 4 over 4 entries
+    assert M.mse(x, x_hat) == pytest.approx(5 / 4)
+
+
+def test_fvu_and_shrinkage_by_hand():
+    x = t([[0.0, 0.0], [2.0, 2.0]])
+    mean = t([1.0, 1.0])
+    x_hat = t([[0.0, 1.0], [2.0, 2.0]])
+    # Σ‖x − x̂‖² = 1; Σ‖x − x̄‖² = 2 + 2 = 4; Σ⟨x̂ − x̄, x − x̄⟩ = (1 + 0) + (1 + 1) = 3
+    assert M.fvu(x, x_hat, mean) == pytest.approx(1 / 4)
+    assert M.shrinkage(x, x_hat, mean) == pytest.approx(3 / 4)
+
+
+def test_predicting_the_mean_gives_fvu_one_and_shrinkage_zero():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(50, 16, generator=g)
+    mean = x.mean(0)
+    x_hat = mean.expand_as(x)
+    assert M.fvu(x, x_hat, mean) == pytest.approx(1.0, abs=1e-6)
+    assert M.shrinkage(x, x_hat, mean) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_perfect_reconstruction():
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(30, 12, generator=g)
+    mean = x.mean(0)
+    assert M.mse(x, x.clone()) == 0.0
+    assert M.fvu(x, x.clone(), mean) == 0.0
+    assert M.shrinkage(x, x.clone(), mean) == pytest.approx(1.0, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=matrices(), c=st.floats(-2.0, 2.0), shift=finite)
+def test_scaled_deviation_gives_shrinkage_c_and_fvu_one_minus_c_squared(x, c, shift):
+    x = torch.from_numpy(x)
+    mean = x.mean(0) + shift  # any x̄ works: x − x̂ = (1 − c)(x − x̄)
+    if float((x.double() - mean.double()).square().sum()) < 1e-3:
+        return
+    x_hat = mean + c * (x - mean)
+    assert M.shrinkage(x, x_hat, mean) == pytest.approx(c, abs=1e-4)
+    assert M.fvu(x, x_hat, mean) == pytest.approx((1 - c) ** 2, abs=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_reconstruction_metrics_match_numpy_reference(data):
+    x = data.draw(matrices())
+    x_hat = data.draw(arrays(np.float32, x.shape, elements=finite))
+    mean = data.draw(arrays(np.float32, x.shape[1:], elements=finite))
+    xd, hd, md = x.astype(np.float64), x_hat.astype(np.float64), mean.astype(np.float64)
+    den = sum(float(np.dot(r - md, r - md)) for r in xd)
+    if den < 1e-3:
+        return
+    num = sum(float(np.dot(r - s, r - s)) for r, s in zip(xd, hd, strict=True))
+    inner = sum(float(np.dot(s - md, r - md)) for r, s in zip(xd, hd, strict=True))
+    X, H, m = torch.from_numpy(x), torch.from_numpy(x_hat), torch.from_numpy(mean)
+    assert M.mse(X, H) == pytest.approx(num / x.size, rel=1e-6, abs=1e-9)
+    assert M.fvu(X, H, m) == pytest.approx(num / den, rel=1e-6, abs=1e-9)
+    assert M.shrinkage(X, H, m) == pytest.approx(inner / den, rel=1e-6, abs=1e-9)
+
+
+def test_images_are_flattened():
+    g = torch.Generator().manual_seed(2)
+    x, x_hat = torch.rand(5, 4, 4, generator=g), torch.rand(5, 4, 4, generator=g)
+    mean = x.mean(0)
+    assert M.fvu(x, x_hat, mean) == M.fvu(x.reshape(5, 16), x_hat.reshape(5, 16), mean.reshape(16))
+    assert M.mse(x, x_hat) == M.mse(x.reshape(5, 16), x_hat.reshape(5, 16))
+
+
+def test_shape_mismatch_raises():
+    with pytest.raises(ValueError):
+        M.mse(torch.zeros(3, 4), torch.zeros(3, 5))
+    with pytest.raises(ValueError):
+        M.fvu(torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(5))
+
+
+def test_ink_by_hand():
+    x = t([[0.0, 0.5, 1.0], [0.25, 0.25, 0.0]])
+    assert M.ink(x).tolist() == [1.5, 0.5]
+    assert M.ink(torch.ones(2, 28, 28)).tolist() == [784.0, 784.0]
+
+
+# ------------------------------------------------------------------------------------------------
+# sparsity metrics
+
+CODES = t([
+    [0.0, 2.0, 0.0, 0.5],
+    [0.0, 1.0, 0.0, 0.0],
+    [0.0, 3.0, 0.1, 0.5],
+    [0.0, 0.0, 0.0, 0.7],
+])
+
+
+def test_active_and_l0_by_hand():
+    assert M.active(CODES).tolist() == [
+        [False, True, False, True],
+        [False, True, False, False],
+        [False, True, True, True],
+        [False, False, False, True],
+    ]
+    assert M.l0(CODES).tolist() == [2.0, 1.0, 3.0, 1.0]
+    assert M.l0(CODES).dtype == torch.float32
+
+
+def test_threshold_is_strict():
+    # codes exactly at the threshold do not fire
+    assert M.l0(CODES, threshold=0.5).tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert M.active(t([[0.0, -1.0, 1e-30]])).tolist() == [[False, False, True]]
+    assert M.active(t([[float("nan")]])).tolist() == [[False]]
+
+
+def test_firing_frequency_dead_dense_by_hand():
+    freq = M.firing_frequency(CODES)
+    assert freq.tolist() == [0.0, 0.75, 0.25, 0.75]
+    assert M.dead_fraction(freq) == 0.25
+    assert M.dense_fraction(freq) == 0.5
+    assert M.dense_fraction(t([0.5, 0.5, 0.51, 0.0])) == 0.25  # exactly the limit is not dense
+    assert M.dense_fraction(freq, limit=0.8) == 0.0
+    freq_half = M.firing_frequency(CODES, threshold=0.5)
+    assert freq_half.tolist() == [0.0, 0.75, 0.0, 0.25]
+    assert M.dead_fraction(freq_half) == 0.5
+
+
+def test_firing_frequency_needs_samples():
+    with pytest.raises(ValueError):
+        M.firing_frequency(torch.zeros(0, 3))
+
+
+sparse_codes = matrices(min_rows=1, max_rows=20, max_cols=16,
+                        elements=st.sampled_from([0.0, 0.0, 0.0, -0.5, 0.25, 1.0, 3.0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(codes=sparse_codes, threshold=st.sampled_from([0.0, 0.25, 0.5, 2.0]))
+def test_sparsity_properties(codes, threshold):
+    codes = torch.from_numpy(codes)
+    n, h = codes.shape
+    counts = M.l0(codes, threshold)
+    freq = M.firing_frequency(codes, threshold)
+    assert counts.shape == (n,) and freq.shape == (h,)
+    assert bool(((counts >= 0) & (counts <= h)).all())
+    assert bool(((freq >= 0) & (freq <= 1)).all())
+    assert float(counts.mean()) == pytest.approx(float(freq.sum()), abs=1e-5)
+    alive = float((freq > 0).double().mean())
+    assert M.dead_fraction(freq) + alive == pytest.approx(1.0)
+    assert M.dense_fraction(freq) <= alive + 1e-12
+    # a higher threshold never makes more units fire
+    assert bool((M.l0(codes, threshold + 0.5) <= counts).all())
+
+
+def test_class_firing_frequency_by_hand():
+    labels = torch.tensor([0, 0, 2, 2])
+    cf = M.class_firing_frequency(CODES, labels, n_classes=3)
+    assert cf.shape == (3, 4)
+    assert cf.tolist() == [
+        [0.0, 1.0, 0.0, 0.5],
+        [0.0, 0.0, 0.0, 0.0],  # class 1 has no samples
+        [0.0, 0.5, 0.5, 1.0],
+    ]
+    assert M.class_firing_frequency(CODES, labels, 3, threshold=0.5)[2].tolist() == [
+        0.0, 0.5, 0.0, 0.5]
+
+
+@settings(max_examples=30, deadline=None)
+@given(codes=sparse_codes, data=st.data())
+def test_class_rows_average_to_overall_frequency(codes, data):
+    codes = torch.from_numpy(codes)
+    labels = torch.tensor(data.draw(st.lists(st.integers(0, 3), min_size=len(codes),
+                                             max_size=len(codes))))
+    cf = M.class_firing_frequency(codes, labels, n_classes=4)
+    weights = torch.bincount(labels, minlength=4).float() / len(labels)
+    assert torch.allclose(weights @ cf, M.firing_frequency(codes), atol=1e-6)
+
+
+def test_class_firing_frequency_rejects_bad_labels():
+    with pytest.raises(ValueError):
+        M.class_firing_frequency(CODES, torch.tensor([0, 1, 2, 3]), n_classes=3)
+    with pytest.raises(ValueError):
+        M.class_firing_frequency(CODES, torch.tensor([0, 1]), n_classes=3)
+
+
+def test_summarize_keys_and_values():
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(4, 6, generator=g)
+    x_hat = torch.rand(4, 6, generator=g)
+    mean = torch.rand(6, generator=g)
+    s = M.summarize(x, x_hat, CODES, mean)
+    assert set(s) == {"mse", "fvu", "explained_variance", "shrinkage", "l0_mean", "l0_std",
+                      "dead_fraction", "dense_fraction", "n_samples", "n_units"}
+    assert set(s) == set(M.SUMMARY_KEYS)
+    assert all(type(v) is float for v in s.values())
+    assert s["mse"] == M.mse(x, x_hat)
+    assert s["fvu"] == M.fvu(x, x_hat, mean)
+    assert s["explained_variance"] == pytest.approx(1 - s["fvu"])
+    assert s["shrinkage"] == M.shrinkage(x, x_hat, mean)
+    # per-sample L0 is 2, 1, 3, 1: mean 7/4, population variance (1/16 + 9/16 + 25/16 + 9/16) / 4
+    assert s["l0_mean"] == pytest.approx(7 / 4)
+    assert s["l0_std"] == pytest.approx(math.sqrt(44 / 64))
+    assert s["dead_fraction"] == 0.25 and s["dense_fraction"] == 0.5
+    assert s["n_samples"] == 4.0 and s["n_units"] == 4.0
+
+
+def test_summarize_rejects_mismatched_codes():
+    with pytest.raises(ValueError):
+        M.summarize(torch.zeros(3, 6), torch.zeros(3, 6), CODES, torch.zeros(6))
+
+
+# ------------------------------------------------------------------------------------------------
+# linear probe
+
+
+def blobs(n_per_class: int, n_classes: int, dim: int, spread: float, seed: int, draw: int = 0):
+    """Gaussian blobs around random centres (fixed by ``seed``), one sample per ``draw``.
+
+    Returns features [N, dim] and labels [N]; a train and a test set share ``seed``, not ``draw``.
+    """
+    centres = torch.randn(n_classes, dim, generator=torch.Generator().manual_seed(seed)) * 10
+    g = torch.Generator().manual_seed(10_000 * (seed + 1) + draw)
+    labels = torch.arange(n_classes).repeat_interleave(n_per_class)
+    feats = centres[labels] + spread * torch.randn(len(labels), dim, generator=g)
+    perm = torch.randperm(len(labels), generator=g)
+    return feats[perm], labels[perm]
+
+
+def test_probe_separates_separable_classes():
+    xtr, ytr = blobs(100, 10, 20, 1.0, seed=0)
+    xte, yte = blobs(50, 10, 20, 1.0, seed=0, draw=1)
+    r = M.linear_probe(xtr, ytr, xte, yte)
+    assert r.train_accuracy >= 0.99
+    assert r.test_accuracy >= 0.99
+    assert r.weight.shape == (20, 10) and r.bias.shape == (10,)
+    assert (r.predict(xte) == yte).float().mean().item() == pytest.approx(r.test_accuracy)
+
+
+def test_probe_on_random_labels_is_near_chance():
+    g = torch.Generator().manual_seed(4)
+    xtr, xte = torch.randn(2000, 50, generator=g), torch.randn(2000, 50, generator=g)
+    ytr = torch.randint(0, 10, (2000,), generator=g)
+    yte = torch.randint(0, 10, (2000,), generator=g)
+    r = M.linear_probe(xtr, ytr, xte, yte)
+    # test labels are independent of everything: accuracy ~ Binomial(2000, 0.1) / 2000, sd 0.0067;
+    # the band is ±4.5 sd around chance (0.1)
+    assert 0.07 <= r.test_accuracy <= 0.13
+
+
+def test_probe_is_deterministic_and_leaves_global_rng_alone():
+    xtr, ytr = blobs(60, 5, 30, 8.0, seed=1)  # overlapping blobs: the optimum is not trivial
+    xte, yte = blobs(40, 5, 30, 8.0, seed=1, draw=1)
+    state = torch.random.get_rng_state()
+    a = M.linear_probe(xtr, ytr, xte, yte, seed=7)
+    b = M.linear_probe(xtr, ytr, xte, yte, seed=7)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert a.test_accuracy == b.test_accuracy and a.train_accuracy == b.train_accuracy
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+    assert 0.2 < a.test_accuracy < 1.0
+
+
+def test_probe_constant_features_do_not_produce_nan():
+    xtr, ytr = blobs(50, 3, 5, 1.0, seed=2)
+    xte, yte = blobs(20, 3, 5, 1.0, seed=2, draw=1)
+
+    def pad(x):
+        return torch.cat([torch.zeros(len(x), 2), torch.full((len(x), 1), 5.0), x], dim=1)
+
+    r = M.linear_probe(pad(xtr), ytr, pad(xte), yte)
+    assert math.isfinite(r.train_loss)
+    assert bool(torch.isfinite(r.weight).all() and torch.isfinite(r.bias).all())
+    assert r.test_accuracy >= 0.99
+
+
+def test_probe_standardization_makes_it_scale_invariant():
+    xtr, ytr = blobs(60, 4, 10, 6.0, seed=3)
+    xte, yte = blobs(40, 4, 10, 6.0, seed=3, draw=1)
+    scale = torch.logspace(-3, 3, 10)
+    a = M.linear_probe(xtr, ytr, xte, yte)
+    b = M.linear_probe(xtr * scale, ytr, xte * scale, yte)
+    assert abs(a.test_accuracy - b.test_accuracy) <= 0.02
+    assert a.train_loss == pytest.approx(b.train_loss, rel=1e-3)
+
+
+def test_probe_without_standardization():
+    xtr, ytr = blobs(50, 3, 5, 1.0, seed=5)
+    xte, yte = blobs(20, 3, 5, 1.0, seed=5, draw=1)
+    r = M.linear_probe(xtr, ytr, xte, yte, standardize=False)
+    assert r.test_accuracy >= 0.99
+
+
+def test_probe_rejects_mismatched_inputs():
+    with pytest.raises(ValueError):
+        M.linear_probe(torch.zeros(4, 3), torch.zeros(5), torch.zeros(2, 3), torch.zeros(2))
+    with pytest.raises(ValueError):
+        M.linear_probe(torch.zeros(4, 3), torch.zeros(4), torch.zeros(2, 4), torch.zeros(2))
+
+
+def test_probe_on_mnist_pixels_subset():
+    folder = data_dir()
+    if not (folder / "mnist").is_dir():
+        pytest.skip(f"no MNIST files under {folder}")
+    from sae.data import load_arrays, to_float
+
+    a = load_arrays("mnist", data_dir=folder, download=False)
+    xtr, ytr = to_float(a.train_images[:10000]), torch.from_numpy(a.train_labels[:10000])
+    xte, yte = to_float(a.test_images[:2000]), torch.from_numpy(a.test_labels[:2000])
+    r = M.raw_pixel_baseline(xtr, ytr, xte, yte, max_iter=100)
+    # logistic regression on 10k MNIST images scores about 0.9; chance is 0.1
+    assert r.test_accuracy > 0.85
+    assert r.train_accuracy >= r.test_accuracy - 0.02

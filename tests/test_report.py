@@ -1,0 +1,200 @@
+"""Tests for sae.report: a synthetic run folder in, one self-contained report.html out."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from sae import figures, report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[1]
+
+CONFIG = """\
+model: sparsemax
+lambda: 0.01
+dataset: mnist
+hidden: 512
+optim:
+  lr: 0.00125
+  betas: [0.9, 0.999]
+comment: "<script>alert(1)</script> & co"
+"""
+METRICS = {"mse": 0.0123456, "fvu": 0.2345678, "l0_mean": 12.5, "l0_std": 3.25,
+           "dead_fraction": 0.0234, "dense_fraction": 0.0, "shrinkage": 0.9712,
+           "wall_time_s": 3725.2}
+
+
+def tiny_png(text: str) -> bytes:
+    """A small distinct PNG per call (the text changes the pixels)."""
+    fig = Figure(figsize=(1.2, 0.6))
+    fig.text(0.1, 0.4, text)
+    return figures.figure_to_png_bytes(fig, dpi=40)
+
+
+def write_history(path: Path) -> None:
+    """A sparse CSVLogger-like metrics.csv: train rows every 5 steps, val rows per epoch."""
+    rows = [{"step": s, "epoch": s // 100, "train/loss": 1 / (1 + s), "train/lambda": s * 1e-4,
+             "train/l0": 30 - s / 10} for s in range(0, 200, 5)]
+    rows += [{"step": s, "epoch": s // 100, "val/loss": 0.1, "val/fvu": 0.3, "val/l0": 12.0}
+             for s in (99, 199)]
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+@pytest.fixture(scope="module")
+def pngs() -> dict[str, bytes]:
+    return {name: tiny_png(name) for name in ("atoms-2", "atoms-10", "atoms-9", "density", "x")}
+
+
+@pytest.fixture
+def run_dir(tmp_path, pngs) -> Path:
+    run = tmp_path / "sparsemax-l0.01"
+    run.mkdir()
+    (run / "config.yaml").write_text(CONFIG)
+    (run / "metrics.json").write_text(json.dumps(METRICS))
+    write_history(run / "metrics.csv")
+    atoms = run / "figures" / "decoder_atoms"
+    atoms.mkdir(parents=True)
+    # 10 must beat 9 and 2: numeric, not lexicographic, order.
+    for epoch in (2, 10, 9):
+        (atoms / f"epoch_{epoch}.png").write_bytes(pngs[f"atoms-{epoch}"])
+    (run / "figures" / "feature_density").mkdir()
+    (run / "figures" / "feature_density" / "epoch_0.png").write_bytes(pngs["density"])
+    (run / "figures" / "aaa_extra").mkdir()
+    (run / "figures" / "aaa_extra" / "epoch_1.png").write_bytes(pngs["x"])
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"not a png")
+    return run
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def assert_self_contained(page: str) -> None:
+    """Every image inline as a PNG data URI; nothing fetched, nothing executed."""
+    lowered = page.lower()
+    for needle in ("http://", "https://", "<script", "<link", "<iframe", "@import", "url("):
+        assert needle not in lowered, needle
+    srcs = re.findall(r'\bsrc\s*=\s*"([^"]*)"', page, flags=re.IGNORECASE)
+    assert len(srcs) == page.lower().count("<img")
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1], validate=True).startswith(PNG_SIGNATURE)
+    assert not re.search(r"\bhref\s*=\s*\"(?!#)", page)  # only in-page anchors
+
+
+def test_report_contents(run_dir, pngs):
+    out = report.write_report(run_dir)
+    assert out == run_dir / "report.html"
+    page = out.read_text(encoding="utf-8")
+    assert_self_contained(page)
+    assert page.count("<img") == 1 + 3  # training curves + three figure kinds
+    # title names the run, model and dataset
+    assert "<h1>sparsemax-l0.01</h1>" in page and "sparsemax on mnist" in page
+    # config values, including nested and list ones, as written
+    for text in ("0.01", "512", "optim.lr", "0.00125", "[0.9, 0.999]"):
+        assert text in page
+    # metrics at 4 significant digits, fractions also in percent, durations readable
+    for text in ("0.01235", "0.2346 (23.46 %)", "12.5", "0.0234 (2.34 %)", "0.9712",
+                 "1 h 02 min"):
+        assert text in page
+    # text from files is escaped
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page
+    assert "No metrics.json" not in page
+
+
+def test_latest_epoch_and_kind_order(run_dir, pngs):
+    latest = report.latest_figures(run_dir)
+    assert [(kind, epoch) for kind, epoch, _ in latest] == [
+        ("decoder_atoms", 10), ("feature_density", 0), ("aaa_extra", 1)]
+    page = report.write_report(run_dir).read_text(encoding="utf-8")
+    assert b64(pngs["atoms-10"]) in page
+    assert b64(pngs["atoms-9"]) not in page and b64(pngs["atoms-2"]) not in page
+    # known kinds first in their fixed order, unknown kinds after them
+    positions = [page.index(b64(pngs[k])) for k in ("atoms-10", "density", "x")]
+    assert positions == sorted(positions)
+
+
+def test_interrupted_run_without_metrics_or_figures(tmp_path):
+    run = tmp_path / "interrupted"
+    run.mkdir()
+    (run / "config.yaml").write_text(CONFIG)
+    write_history(run / "metrics.csv")
+    page = report.write_report(run).read_text(encoding="utf-8")
+    assert_self_contained(page)
+    assert "No metrics.json" in page
+    assert "No figures yet" in page
+    assert page.count("<img") == 1  # the training curves are still drawn
+
+
+def test_bare_run_states_every_missing_part(tmp_path):
+    run = tmp_path / "bare"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: topk\n")
+    (run / "figures" / "decoder_atoms").mkdir(parents=True)  # a kind folder, still empty
+    page = report.write_report(run).read_text(encoding="utf-8")
+    assert_self_contained(page)
+    for text in ("No metrics.json", "No metrics.csv", "No figures yet", "topk"):
+        assert text in page
+    assert "<img" not in page
+
+
+def test_unreadable_parts_are_stated_not_raised(run_dir):
+    (run_dir / "metrics.json").write_text("{not json")
+    (run_dir / "metrics.csv").write_text("")
+    (run_dir / "figures" / "feature_density" / "epoch_0.png").write_bytes(b"junk")
+    page = report.write_report(run_dir).read_text(encoding="utf-8")
+    assert "metrics.json could not be read" in page
+    assert "metrics.csv could not be read" in page
+    assert "is not a PNG file" in page
+
+
+def test_metric_formatting():
+    assert report.format_metric("test/dead_fraction", 0.5) == "0.5 (50 %)"
+    assert report.format_metric("mse", 1.23456e-5) == "1.235e-05"
+    assert report.format_metric("steps", 123456.0) == "123,456"
+    assert report.format_metric("wall_time_s", 125.0) == "125 (2 min 05 s)"
+    assert report.format_metric("fvu", float("nan")) == "nan"
+    assert report.format_metric("note", "ok") == "ok"
+    assert report.format_metric("flag", True) == "true"
+
+
+def test_write_report_rejects_non_run_folders(tmp_path):
+    with pytest.raises(report.RunFolderError, match="not found"):
+        report.write_report(tmp_path / "missing")
+    with pytest.raises(report.RunFolderError, match="config.yaml"):
+        report.write_report(tmp_path)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sae.report", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_success(run_dir):
+    result = run_cli(str(run_dir))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(run_dir / "report.html")
+    assert (run_dir / "report.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]  # atomic write cleaned up
+
+
+@pytest.mark.parametrize("case", ["missing", "no-config", "no-argument"])
+def test_cli_errors_are_one_line(tmp_path, case):
+    args = {"missing": [str(tmp_path / "nope")], "no-config": [str(tmp_path)],
+            "no-argument": []}[case]
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
