@@ -343,20 +343,23 @@ SPARSE_DENSITY = 0.05
 
 
 def _column_mean_std(x: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-    """Column mean and population std of x [N, D], accumulated in row chunks: two [D] tensors.
+    """Column mean and population std of x [N, D], summed over row chunks: two [D] tensors.
 
-    Constant columns get std 1 (they then contribute a constant, absorbed by the bias).
+    Sums accumulate in float64 (where available) without a float64 copy of x. Constant columns get
+    std 1 (they then contribute a constant, absorbed by the bias).
     """
-    dt = _acc_dtype(x)
-    n = x.shape[0]
-    mean = torch.zeros(x.shape[1], dtype=dt, device=x.device)
+    dt, n = _acc_dtype(x), x.shape[0]
+    total = torch.zeros(x.shape[1], dtype=dt, device=x.device)
     for i in range(0, n, chunk):
-        mean += x[i:i + chunk].to(dt).sum(dim=0)
-    mean /= n
-    var = torch.zeros_like(mean)
+        total += x[i:i + chunk].sum(dim=0, dtype=dt)
+    mean = total / n
+    centre = mean.to(x.dtype)
+    sq = torch.zeros_like(total)
     for i in range(0, n, chunk):
-        var += (x[i:i + chunk].to(dt) - mean).square().sum(dim=0)
-    std = (var / n).sqrt()
+        sq += (x[i:i + chunk] - centre).square().sum(dim=0, dtype=dt)
+    # c = the mean rounded to x's dtype; exactly, Σ(x − μ)² = Σ(x − c)² − n (μ − c)²
+    var = (sq / n - (mean - centre.to(dt)).square()).clamp(min=0)
+    std = var.sqrt()
     std = torch.where(std > 1e-12 * (1 + mean.abs()), std, torch.ones_like(std))
     return mean, std
 
@@ -375,7 +378,7 @@ def _csr_transpose(a: torch.Tensor) -> torch.Tensor:
 def _products(x: torch.Tensor, sparse: bool) -> tuple[Callable, Callable]:
     """The two products L-BFGS needs, for features x [N, D]: w [D, C] -> x w, g [N, C] -> xᵀ g."""
     if not sparse:
-        return (lambda w: x @ w), (lambda g: x.T @ g)
+        return (lambda w: x @ w), (lambda g: (g.T @ x).T)  # gᵀx is the faster layout
     with warnings.catch_warnings():  # torch flags sparse CSR support as beta
         warnings.simplefilter("ignore", UserWarning)
         xs = x.to_sparse_csr()
@@ -466,6 +469,9 @@ def linear_probe(
         raise ValueError("linear_probe needs at least one training sample")
     if n_classes is None:
         n_classes = 1 + max(int(ytr.max()), int(yte.max()) if yte.numel() else 0)
+    for y in (ytr, yte):
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+            raise ValueError(f"labels must lie in [0, {n_classes})")
     xtr = xtr.to(dtype)  # no copy when already in dtype
     n, d = xtr.shape
 
@@ -484,7 +490,8 @@ def linear_probe(
     w0 = torch.randn(d, n_classes, generator=gen, dtype=torch.float64) * (0.01 / math.sqrt(d))
     w = w0.to(device=xtr.device, dtype=dtype).requires_grad_(True)
     b = torch.zeros(n_classes, device=xtr.device, dtype=dtype, requires_grad=True)
-    rows = torch.arange(n, device=xtr.device)
+    target = ytr.unsqueeze(1)  # [N, 1]
+    minus_one = torch.full((n, 1), -1.0, dtype=dtype, device=xtr.device)
 
     def raw_params() -> tuple[torch.Tensor, torch.Tensor]:
         # z W + b with z = (x − μ)/σ equals x (W/σ) + (b − (μ/σ) W)
@@ -494,13 +501,11 @@ def linear_probe(
         """Loss, dLoss/dW [D, C], dLoss/db [C]."""
         w_raw, b_raw = raw_params()
         log_p = torch.log_softmax(forward(w_raw) + b_raw, dim=1)  # [N, C]
-        loss = -log_p[rows, ytr].mean() + 0.5 * weight_decay * w.square().sum()
-        g = log_p.exp_()
-        g[rows, ytr] -= 1.0
-        g /= n  # dLoss/dlogits
+        loss = -log_p.gather(1, target).sum() / n + 0.5 * weight_decay * w.square().sum()
+        g = log_p.exp_().scatter_add_(1, target, minus_one).div_(n)  # dLoss/dlogits [N, C]
         g_b = g.sum(dim=0)
         g_w = backward(g) * scale.unsqueeze(1) - shift.unsqueeze(1) * g_b + weight_decay * w
-        return loss, g_w, g_b
+        return loss, g_w.contiguous(), g_b
 
     opt = torch.optim.LBFGS(
         [w, b], lr=1.0, max_iter=max_iter, history_size=history_size,

@@ -286,8 +286,8 @@ def test_probe_on_random_labels_is_near_chance():
 
 
 def test_probe_is_deterministic_and_leaves_global_rng_alone():
-    xtr, ytr = blobs(60, 5, 30, 8.0, seed=1)  # overlapping blobs: the optimum is not trivial
-    xte, yte = blobs(40, 5, 30, 8.0, seed=1, draw=1)
+    xtr, ytr = blobs(60, 5, 30, 40.0, seed=1)  # overlapping blobs: the optimum is not trivial
+    xte, yte = blobs(40, 5, 30, 40.0, seed=1, draw=1)
     state = torch.random.get_rng_state()
     a = M.linear_probe(xtr, ytr, xte, yte, seed=7)
     b = M.linear_probe(xtr, ytr, xte, yte, seed=7)
@@ -311,13 +311,16 @@ def test_probe_constant_features_do_not_produce_nan():
 
 
 def test_probe_standardization_makes_it_scale_invariant():
-    xtr, ytr = blobs(60, 4, 10, 6.0, seed=3)
-    xte, yte = blobs(40, 4, 10, 6.0, seed=3, draw=1)
+    xtr, ytr = blobs(60, 4, 10, 20.0, seed=3)
+    xte, yte = blobs(40, 4, 10, 20.0, seed=3, draw=1)
     scale = torch.logspace(-3, 3, 10)
     a = M.linear_probe(xtr, ytr, xte, yte)
     b = M.linear_probe(xtr * scale, ytr, xte * scale, yte)
+    c = M.linear_probe(xtr, ytr, xte, yte, dtype=torch.float64)
     assert abs(a.test_accuracy - b.test_accuracy) <= 0.02
-    assert a.train_loss == pytest.approx(b.train_loss, rel=1e-3)
+    assert a.train_loss == pytest.approx(b.train_loss, rel=1e-4)
+    assert a.train_loss == pytest.approx(c.train_loss, rel=1e-4)
+    assert c.weight.dtype == torch.float64
 
 
 def test_probe_without_standardization():
@@ -332,6 +335,12 @@ def test_probe_rejects_mismatched_inputs():
         M.linear_probe(torch.zeros(4, 3), torch.zeros(5), torch.zeros(2, 3), torch.zeros(2))
     with pytest.raises(ValueError):
         M.linear_probe(torch.zeros(4, 3), torch.zeros(4), torch.zeros(2, 4), torch.zeros(2))
+    with pytest.raises(ValueError):
+        M.linear_probe(torch.zeros(4, 3), torch.tensor([0, 1, 2, -1]), torch.zeros(2, 3),
+                       torch.zeros(2))
+    with pytest.raises(ValueError):
+        M.linear_probe(torch.zeros(4, 3), torch.tensor([0, 1, 2, 3]), torch.zeros(2, 3),
+                       torch.zeros(2), n_classes=3)
 
 
 def test_probe_on_mnist_pixels_subset():
@@ -347,3 +356,24 @@ def test_probe_on_mnist_pixels_subset():
     # logistic regression on 10k MNIST images scores about 0.9; chance is 0.1
     assert r.test_accuracy > 0.85
     assert r.train_accuracy >= r.test_accuracy - 0.02
+
+
+def test_probe_sparse_products_match_dense():
+    # sparse non-negative codes: each class switches on its own few units out of 200
+    g = torch.Generator().manual_seed(6)
+    labels = torch.randint(0, 5, (600,), generator=g)
+    owner = torch.arange(200) % 5
+    on = (owner[None, :] == labels[:, None]) & (torch.rand(600, 200, generator=g) < 0.15)
+    codes = torch.where(on, torch.rand(600, 200, generator=g) + 0.5, torch.zeros(()))
+    noise = torch.rand(600, 200, generator=g) < 0.005  # a few units firing off-class
+    codes = codes + noise * torch.rand(600, 200, generator=g)
+    assert float((codes != 0).float().mean()) <= M.SPARSE_DENSITY
+    xtr, ytr, xte, yte = codes[:400], labels[:400], codes[400:], labels[400:]
+    auto = M.linear_probe(xtr, ytr, xte, yte)
+    again = M.linear_probe(xtr, ytr, xte, yte)
+    dense = M.linear_probe(xtr, ytr, xte, yte, sparse=False)
+    assert auto.sparse and not dense.sparse
+    assert torch.equal(auto.weight, again.weight)
+    assert auto.train_loss == pytest.approx(dense.train_loss, rel=1e-3, abs=1e-4)
+    assert abs(auto.test_accuracy - dense.test_accuracy) <= 0.01
+    assert auto.test_accuracy >= 0.9
