@@ -534,9 +534,10 @@ def reconstructions(
 # (panel title, y label, ((column, legend label), ...)) in display order.
 _CURVE_PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("Total loss", "loss", (("train/loss", "train"), ("val/loss", "val"))),
-    ("Reconstruction error", "mean squared error",
-     (("train/recon", "train"), ("val/mse", "val"))),
-    ("Fraction of variance unexplained", "FVU (0 = perfect)", (("val/fvu", "val"),)),
+    ("Reconstruction error", "mean squared error per pixel", (("val/mse", "val"),)),
+    # train/recon is the loss's reconstruction term ‖x − x̂‖² / E‖x − x̄‖²: the batch FVU
+    ("Fraction of variance unexplained", "FVU (0 = perfect)",
+     (("train/recon", "train (batch)"), ("val/fvu", "val"))),
     ("Sparsity penalty term", "penalty", (("train/penalty", "train"),)),
     ("Penalty weight λ_t (warm-up)", "λ_t", (("train/lambda", "train"),)),
     ("Active units per input", "mean L0", (("train/l0", "train"), ("val/l0", "val"))),

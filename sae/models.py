@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import lightning.pytorch as L
 import torch
@@ -341,7 +342,10 @@ class SparseAutoencoder(L.LightningModule):
         weights = loss.pow(2)
         if not torch.isfinite(weights).all() or weights.sum() <= 0:
             return 0
-        pick = torch.multinomial(weights / weights.sum(), n_dead, replacement=True)
+        # without replacement while the batch allows: two units copied from one input would
+        # compete for it and one of them would die again
+        replace = n_dead > int((weights > 0).sum())
+        pick = torch.multinomial(weights / weights.sum(), n_dead, replacement=replace)
         directions = F.normalize(x[pick] - self.b_dec, dim=-1)  # [n_dead, D]
         alive = ~dead
         enc_norm = self.W_enc[alive].norm(dim=-1).mean() if alive.any() else torch.tensor(1.0)
@@ -421,23 +425,29 @@ class SparsemaxSAE(SparseAutoencoder):
         h   = r ⊙ p
 
     On its support sparsemax is p_j = a_j / T − τ(a), so h_j = (r/T) · ReLU(a_j − T τ(a)): a ReLU
-    whose threshold adapts to each input. The learnable temperature T_g (one per group, stored as
-    log T) sets how many units share the mass: the support of sparsemax(a / T) grows with T. It
-    starts at T₀ = 25 sqrt(v / D), about 10 % of the units active on MNIST with the tied init; without
+    whose threshold adapts to each input. The learnable temperature T_g (one per group, stored
+    as log T) sets how many units share the mass: the support of sparsemax(a / T) grows with T.
+    It starts at T₀ = 25 sqrt(v / D), some 5-10 % of the units active with the tied init; without
     it the encoder would have to rescale all its rows to change the support size, and training
-    settles on a few units per input. The code carries magnitude through r (Σ_j h_j = r, and any
-    non-negative h can be written this way), which a raw sparsemax code cannot (Σ p = 1).
-    ‖p‖₁ ≡ 1, so an L1 penalty on p is a constant with zero gradient; the penalty is instead the
-    effective support size (participation ratio), summed over groups:
+    settled on few units per input (L0 ≈ 6 of 512 after an epoch on MNIST). The code carries
+    magnitude through r (Σ_j h_j = r, and any non-negative h can be written this way), which a
+    raw sparsemax code cannot (Σ p = 1).
+    ‖p‖₁ ≡ 1, so an L1 penalty on p is a constant with zero gradient. The penalty is instead the
+    effective number of active units, the exponential of the Shannon entropy (Hill number of
+    order 1), summed over groups:
 
-        penalty = Σ_g 1 / Σ_j p_gj²
+        penalty = Σ_g exp(−Σ_j p_gj log p_gj) / 5
 
-    which equals k when p is uniform on k units, so λ is a price per active unit, and its gradient
-    moves mass onto fewer units, raising τ until small entries leave the support.
+    It equals k when p is uniform on k units, so λ/5 is a price per active unit (the 1/5 puts
+    λ = 0.01 near the L0 of the L1 and KL defaults). Unlike the participation ratio 1/Σ p², which
+    barely notices small entries and let L0 creep upwards in training, its gradient −log p_j − 1
+    grows as p_j → 0, so small entries are pushed out of the support.
     """
 
-    # a resampled unit must out-score the others on its input to enter the support at all
-    resample_encoder_scale = 1.0
+    # a resampled unit must come near the others' scores on its input to enter the support at
+    # all; at 1.0 it out-scores every unit there, and validation fvu jumped by half after each
+    # resampling in our MNIST runs; 0.5 resampled as many units without that jump
+    resample_encoder_scale = 0.5
 
     def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0):
         super().__init__(config, mean_image, data_var)
@@ -463,7 +473,9 @@ class SparsemaxSAE(SparseAutoencoder):
     def penalty(self, h, extras):
         p = extras["p"]
         p = p.view(len(p), self.config.groups, -1)
-        return (1.0 / p.pow(2).sum(-1).clamp_min(1e-12)).sum(-1).mean()
+        # the clamp keeps the gradient finite at exact zeros (0 · log 0 is taken as 0)
+        entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B, G]
+        return entropy.exp().sum(-1).mean() / 5.0
 
 
 class EntmaxSAE(SparsemaxSAE):
@@ -554,3 +566,13 @@ def encode_dataset(model: SparseAutoencoder, x: Tensor,
     H = model.config.hidden
     return (torch.cat(x_hats) if x_hats else x.new_zeros(0, x.shape[-1]),
             torch.cat(codes) if codes else x.new_zeros(0, H))
+
+
+def load_checkpoint(path: str | Path,
+                    map_location: str | torch.device = "cpu") -> SparseAutoencoder:
+    """Rebuild a trained SAE from a checkpoint written by ``python -m sae.run``."""
+    state = torch.load(path, map_location=map_location, weights_only=False)
+    hp = state["hyper_parameters"]
+    model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
+    model.load_state_dict(state["state_dict"])
+    return model.eval()

@@ -96,7 +96,8 @@ def read_history(out: Path) -> pd.DataFrame:
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_trains_end_to_end(tmp_path, data_dir, model):
     out = tmp_path / "run"
-    result = run_cli(["--model", model, "--max-steps", 24, "--out", out, *QUICK],
+    result = run_cli(["--model", model, "--max-steps", 24, "--lambda-warmup", 12,
+                      "--log-every", 4, "--out", out, *QUICK],
                      tmp_path, data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     config = yaml.safe_load((out / "config.yaml").read_text())

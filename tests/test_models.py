@@ -55,7 +55,7 @@ def test_sparsemax_code_carries_magnitude_and_penalty_is_not_constant():
     torch.testing.assert_close(p.sum(-1), torch.ones(8, 4))  # each head on the simplex
     r = torch.nn.functional.softplus(model.scale_head(x_c))
     torch.testing.assert_close(h.view(8, 4, 8).sum(-1), r)  # the magnitude is carried by r
-    # ‖p‖₁ ≡ 1 would give a zero gradient: the participation-ratio penalty must not
+    # ‖p‖₁ ≡ 1 would give a zero gradient: the effective-support penalty must not
     a = a.detach().requires_grad_(True)
     h, extras = model.code(a, x_c)
     model.penalty(h, extras).backward()
@@ -64,7 +64,7 @@ def test_sparsemax_code_carries_magnitude_and_penalty_is_not_constant():
     uniform = torch.zeros(1, 32)
     uniform[0, :3], uniform[0, 8:10] = 1 / 3, 1 / 2
     uniform[0, 16], uniform[0, 24:28] = 1.0, 1 / 4
-    assert float(model.penalty(uniform, {"p": uniform})) == pytest.approx(3 + 2 + 1 + 4)
+    assert float(model.penalty(uniform, {"p": uniform})) == pytest.approx((3 + 2 + 1 + 4) / 5)
 
 
 def test_sparsemax_code_is_an_adaptive_threshold_relu():
