@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                 if png is not None:
                     shutil.copyfile(png, out / f"{dataset}-{model}-{kind}.png")
             rows.append(f"| {dataset} | {model} | {m['lam']:g} | {m['mse']:.4f} | "
-                        f"{m['fvu']:.3f} | {m['l0_mean']:.1f} ± {m['l0_std']:.1f} | "
+                        f"{m['fvu']:.3f} | {m.get('fvu_at_l0', float('nan')):.3f} | "
+                        f"{m['l0_mean']:.1f} ± {m['l0_std']:.1f} | "
                         f"{100 * m['dead_fraction']:.1f} | {100 * m['dense_fraction']:.1f} | "
                         f"{m['wall_time_s']:.0f} |")
     command = " ".join(["python -m sae.gallery", *(argv if argv is not None else sys.argv[1:])])
@@ -72,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         "# Gallery", "",
         f"Made by `{command}` ({args.epochs} epochs, λ = {args.lam:g}, 512 units, seed 0,"
         " default settings otherwise). Test-set metrics (10 000 images):", "",
-        "| dataset | model | λ | mse | fvu | L0 (mean ± std) | dead % | dense % | train s |",
-        "|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "| dataset | model | λ | mse | fvu | fvu at L0 | L0 (mean ± std) | dead % | dense % "
+        "| train s |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "fvu at L0: the reconstruction from only the units counted in L0. It equals fvu except "
+        "for the KL-SAE, whose sigmoid units below the firing threshold (0.1) still add to the "
+        "reconstruction.", "",
         "Files: `<dataset>-<model>-<kind>.png` for kind in " + ", ".join(KINDS) + ".", ""]
     (out / "README.md").write_text("\n".join(lines))
     print(f"gallery written to {out}")

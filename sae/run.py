@@ -82,8 +82,7 @@ def build_parser(suppress: bool = False) -> OneLineParser:
     p = OneLineParser(
         prog="python -m sae.run", description="Train a sparse autoencoder on MNIST or "
         "Fashion-MNIST and write a run folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        argument_default=argparse.SUPPRESS if suppress else None)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = SAEConfig()
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=MODELS, default=d.model, help="sparsity mechanism")
@@ -167,6 +166,10 @@ def build_parser(suppress: bool = False) -> OneLineParser:
     hw.add_argument("--precision", default="32-true", help="32-true, bf16-mixed, 16-mixed, ...")
     hw.add_argument("--compile", action="store_true", default=False,
                     help="torch.compile the model")
+    if suppress:  # explicit defaults above would otherwise win over argument_default
+        for action in p._actions:
+            if action.dest != "help":
+                action.default = argparse.SUPPRESS
     return p
 
 
@@ -303,6 +306,43 @@ def write_config(args: argparse.Namespace, path: Path) -> None:
     tmp.replace(path)
 
 
+def resumable_csv_logger(out: Path):
+    """Lightning's CSVLogger, except that an existing metrics.csv is continued, not deleted."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    class ContinuingWriter(ExperimentWriter):
+        def _check_log_dir_exists(self) -> None:
+            if self._fs.isfile(self.metrics_file_path):  # keep its columns, append new rows
+                with open(self.metrics_file_path, newline="") as f:
+                    self.metrics_keys = next(csv.reader(f), [])
+
+    class ContinuingCSVLogger(CSVLogger):
+        @property
+        def experiment(self):
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = ContinuingWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return ContinuingCSVLogger(out, name="", version="")
+
+
+def trim_history(path: Path, global_step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from (they will be logged again).
+
+    Lightning logs a row with step = (optimiser steps taken) − 1, so a checkpoint taken after
+    ``global_step`` steps covers the rows with step < global_step.
+    """
+    import pandas as pd
+
+    if path.is_file():
+        history = pd.read_csv(path)
+        history[history["step"] < global_step].to_csv(path, index=False)
+
+
 def quiet_lightning() -> None:
     """Keep the terminal for what matters: Lightning's banners and known-harmless warnings off."""
     import logging
@@ -320,7 +360,7 @@ def train(args: argparse.Namespace) -> dict:
     import lightning.pytorch as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from lightning.pytorch.loggers import TensorBoardLogger
 
     from sae import metrics
     from sae.data import ImageDataModule
@@ -338,9 +378,11 @@ def train(args: argparse.Namespace) -> dict:
     model = build_model(config, mean, data_var)
 
     steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
-    val_interval = 1.0
+    val_interval, val_every_epochs = 1.0, 1
     if args.max_steps is not None and args.max_steps < steps_per_epoch:
-        val_interval = args.max_steps  # still validate (and checkpoint) before stopping
+        # still validate (and checkpoint) before stopping; counted in steps across epochs, as
+        # DDP ranks see shorter epochs
+        val_interval, val_every_epochs = args.max_steps, None
     callbacks = [ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
                                  mode="min", save_top_k=1, save_last=True,
                                  enable_version_counter=False)]
@@ -352,7 +394,7 @@ def train(args: argparse.Namespace) -> dict:
     show_progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     if show_progress:
         callbacks.append(TQDMProgressBar(refresh_rate=20))
-    loggers = [CSVLogger(out, name="", version=""),
+    loggers = [resumable_csv_logger(out),
                TensorBoardLogger(out, name="tensorboard", version="", default_hp_metric=False)]
     trainer = L.Trainer(
         max_epochs=args.epochs, max_steps=args.max_steps or -1, accelerator=args.accelerator,
@@ -360,11 +402,15 @@ def train(args: argparse.Namespace) -> dict:
         precision=args.precision, gradient_clip_val=args.grad_clip or None,
         gradient_clip_algorithm="norm", logger=loggers, callbacks=callbacks,
         log_every_n_steps=min(args.log_every, steps_per_epoch), val_check_interval=val_interval,
+        check_val_every_n_epoch=val_every_epochs,
         num_sanity_val_steps=0, enable_progress_bar=show_progress, enable_model_summary=False,
         default_root_dir=out)
     fit_model = torch.compile(model) if args.compile else model
     start = time.perf_counter()
     ckpt = str(checkpoint_to_resume(args)) if args.resume is not None else None
+    if ckpt is not None and trainer.is_global_zero:
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+        trim_history(out / "metrics.csv", saved["global_step"])
     trainer.fit(fit_model, datamodule=dm, ckpt_path=ckpt)
     wall = time.perf_counter() - start
     if not trainer.is_global_zero:
@@ -372,6 +418,15 @@ def train(args: argparse.Namespace) -> dict:
 
     x_hat, codes = encode_dataset(model, dm.test_x)
     result = metrics.summarize(dm.test_x, x_hat, codes, mean, threshold=model.fire_threshold)
+    # the reconstruction from only the units counted in L0 (differs from fvu for sigmoid codes,
+    # whose sub-threshold activity still reconstructs)
+    result["fvu_at_l0"] = result["fvu"]
+    if model.fire_threshold > 0:
+        kept = codes * metrics.active(codes, model.fire_threshold)
+        with torch.no_grad():
+            x_kept = torch.cat([model.decode(kept[i:i + 1024].to(model.device)).cpu()
+                                for i in range(0, len(kept), 1024)])
+        result["fvu_at_l0"] = metrics.fvu(dm.test_x, x_kept, mean)
     result.update(wall_time_s=wall, steps=int(trainer.global_step),
                   epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
                   dataset=args.dataset, seed=args.seed, hidden=config.hidden,

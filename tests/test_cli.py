@@ -103,10 +103,12 @@ def test_every_model_trains_end_to_end(tmp_path, data_dir, model):
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["model"] == model and config["lambda"] == 0.01
     metrics = json.loads((out / "metrics.json").read_text())
-    for key in ("mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
-                "wall_time_s"):
+    for key in ("mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
+                "dense_fraction", "wall_time_s"):
         assert isinstance(metrics[key], float)
     assert 0 < metrics["fvu"] < 1.5 and metrics["steps"] == 24
+    if model != "kl":  # codes at or below the firing threshold are exact zeros
+        assert metrics["fvu_at_l0"] == metrics["fvu"]
     assert (out / "checkpoints" / "last.ckpt").is_file()
     assert (out / "checkpoints" / "best.ckpt").is_file()
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
