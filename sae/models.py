@@ -64,6 +64,7 @@ class SAEConfig:
     aux_k: int = 256  # AuxK: dead units used to model the residual
     aux_coef: float = 1 / 32
     kl_threshold: float = 0.1  # a sigmoid unit "fires" when its activation exceeds this
+    init: str = "auto"  # decoder columns: random | data (centred training images) | auto
 
     @classmethod
     def from_dict(cls, values: dict) -> SAEConfig:
@@ -76,6 +77,13 @@ class SAEConfig:
         if self.arch != "linear":
             return "none"
         return "auxk" if self.model == "topk" else "resample"
+
+    def resolved_init(self) -> str:
+        """``auto`` starts sparsemax / entmax codes from data: their units compete for support."""
+        if self.init != "auto":
+            return self.init
+        return "data" if self.model in ("sparsemax", "entmax") and self.arch == "linear" \
+            else "random"
 
     def validate(self) -> None:
         """Raise ValueError with a one-line, user-facing message for any invalid value."""
@@ -115,6 +123,9 @@ class SAEConfig:
         need(0 <= self.resample_until <= 1, "--resample-until must be in [0, 1]")
         need(self.aux_k >= 1, "--aux-k must be >= 1")
         need(0 < self.kl_threshold < 1, "--kl-threshold must be in (0, 1)")
+        need(self.init in ("auto", "random", "data"), "--init must be auto, random or data")
+        need(self.resolved_init() != "data" or self.arch == "linear",
+             "--init data needs --arch linear")
 
 
 def _inverse_softplus(y: float) -> float:
@@ -131,7 +142,8 @@ class SparseAutoencoder(L.LightningModule):
     code_scale_is_data_norm: bool = False
     resample_encoder_scale: float = 0.2  # Anthropic's 0.2 suits ReLU codes; see SparsemaxSAE
 
-    def __init__(self, config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0):
+    def __init__(self, config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
+                 init_inputs: Tensor | None = None):
         super().__init__()
         self.config = config
         self.save_hyperparameters({"config": asdict(config), "data_var": float(data_var)})
@@ -143,7 +155,11 @@ class SparseAutoencoder(L.LightningModule):
         self.register_buffer("mean_image", mean_image)  # x̄ of fvu, fixed at construction
         self.b_dec = nn.Parameter(mean_image.clone())
         width = D if config.arch == "linear" else config.mlp_width
-        self.W_dec = nn.Parameter(F.normalize(torch.randn(width, H), dim=0))  # [width, H]
+        atoms = torch.randn(width, H)
+        if init_inputs is not None and config.arch == "linear":
+            atoms = (init_inputs[:H].float() - mean_image).t()  # [D, n <= H] centred inputs
+            atoms = torch.cat([atoms, torch.randn(width, H - atoms.shape[1])], dim=1)
+        self.W_dec = nn.Parameter(F.normalize(atoms, dim=0))  # [width, H]
         self.W_enc = nn.Parameter(self.W_dec.detach().t().clone())  # tied init (Gao et al. 2024)
         self.b_enc = nn.Parameter(torch.zeros(H))
         if config.arch == "mlp":
@@ -353,6 +369,7 @@ class SparseAutoencoder(L.LightningModule):
         self.W_dec[:, idx] = directions.t()
         self.W_enc[idx] = directions * self.resample_encoder_scale * enc_norm
         self.b_enc[idx] = 0.0
+        self.after_resample(idx, x[pick])
         if dist.is_available() and dist.is_initialized():
             for p in (self.W_dec, self.W_enc, self.b_enc):
                 dist.broadcast(p.data, src=0)
@@ -366,6 +383,10 @@ class SparseAutoencoder(L.LightningModule):
         self.samples_since_fired[idx] = 0
         self.log("train/resampled", float(n_dead))
         return n_dead
+
+
+    def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
+        """Hook for variants: ``idx`` [n] resampled units, ``inputs`` [n, D] their source inputs."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -401,8 +422,9 @@ class KLSAE(SparseAutoencoder):
 
     code_scale_is_data_norm = True
 
-    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0):
-        super().__init__(config, mean_image, data_var)
+    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
+                 init_inputs=None):
+        super().__init__(config, mean_image, data_var, init_inputs)
         self.fire_threshold = config.kl_threshold
 
     def code(self, a, x_centred):
@@ -433,15 +455,23 @@ class SparsemaxSAE(SparseAutoencoder):
     magnitude through r (Σ_j h_j = r, and any non-negative h can be written this way), which a
     raw sparsemax code cannot (Σ p = 1).
     ‖p‖₁ ≡ 1, so an L1 penalty on p is a constant with zero gradient. The penalty is instead the
-    effective number of active units, the exponential of the Shannon entropy (Hill number of
-    order 1), summed over groups:
+    effective number of active units, the Hill number of order 1/2, summed over groups:
 
-        penalty = Σ_g exp(−Σ_j p_gj log p_gj) / 5
+        penalty = Σ_g (Σ_j sqrt(p_gj))² / 5
 
     It equals k when p is uniform on k units, so λ/5 is a price per active unit (the 1/5 puts
-    λ = 0.01 near the L0 of the L1 and KL defaults). Unlike the participation ratio 1/Σ p², which
-    barely notices small entries and let L0 creep upwards in training, its gradient −log p_j − 1
-    grows as p_j → 0, so small entries are pushed out of the support.
+    λ = 0.01 near the L0 of the L1 and KL defaults), and it is 1 for a one-hot code. Lower orders
+    weigh small entries more (order 0 is L0 itself). Orders 2 (the participation ratio 1/Σ p²)
+    and 1 (the exponential of the entropy) could be lowered by piling mass onto one always-on
+    unit while many tiny entries joined the support: in 10-epoch MNIST runs L0 kept rising over
+    the last epochs (order 2: 62 → 92, order 1: 43 → 64), against 31 → 35 with order 1/2. Its
+    gradient, proportional to 1/sqrt(p_j), pushes small entries out of the support.
+
+    Sparsemax units compete for the support, so a unit whose direction matches no input never
+    enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
+    (and, tied, the encoder rows) at centred training images for this model (31.8 % → 1.4 % dead
+    units on Fashion-MNIST in 10 epochs), and resampled units are admitted into the support on
+    their source input (``after_resample``).
     """
 
     # a resampled unit must come near the others' scores on its input to enter the support at
@@ -449,8 +479,9 @@ class SparsemaxSAE(SparseAutoencoder):
     # resampling in our MNIST runs; 0.5 resampled as many units without that jump
     resample_encoder_scale = 0.5
 
-    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0):
-        super().__init__(config, mean_image, data_var)
+    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
+                 init_inputs=None):
+        super().__init__(config, mean_image, data_var, init_inputs)
         if config.hidden % config.groups:
             raise ValueError(f"hidden {config.hidden} is not divisible by groups {config.groups}")
         self.scale_head = nn.Linear(config.input_dim, config.groups)
@@ -461,6 +492,26 @@ class SparsemaxSAE(SparseAutoencoder):
 
     def support_map(self, a: Tensor) -> Tensor:
         return sparsemax(a, dim=-1, groups=self.config.groups)
+
+    @torch.no_grad()
+    def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
+        """Admit each resampled unit into the support on its source input.
+
+        A unit outside the support gets no gradient, so a resampled unit that does not beat the
+        threshold τ on any input stays dead. Its bias is set so that, on its source input, its
+        score is T·(τ + Σ p²): above the threshold by the support's typical share E_p[p].
+        """
+        G, n = self.config.groups, len(idx)
+        T = self.log_temperature.exp()  # [G]
+        a, _ = self.pre_activations(inputs)  # [n, H], the new rows with bias 0
+        scores = (a.view(n, G, -1) / T[:, None]).clone()
+        scores.view(n, -1)[:, idx] = float("-inf")  # τ of the others, without the new units
+        p = self.support_map(scores.view(n, -1)).view(n, G, -1)
+        tau = (scores - p).masked_fill(p <= 0, float("-inf")).amax(-1)  # [n, G]
+        share = p.pow(2).sum(-1)  # [n, G]
+        rows, group = torch.arange(n, device=idx.device), idx // (self.config.hidden // G)
+        target = T[group] * (tau[rows, group] + share[rows, group])
+        self.b_enc[idx] = target - a[rows, idx]
 
     def code(self, a, x_centred):
         G = self.config.groups
@@ -473,9 +524,10 @@ class SparsemaxSAE(SparseAutoencoder):
     def penalty(self, h, extras):
         p = extras["p"]
         p = p.view(len(p), self.config.groups, -1)
-        # the clamp keeps the gradient finite at exact zeros (0 · log 0 is taken as 0)
-        entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B, G]
-        return entropy.exp().sum(-1).mean() / 5.0
+        # the ε keeps the gradient finite at tiny entries; −sqrt(ε) keeps exact zeros at zero
+        eps = 1e-6
+        root_sum = ((p + eps).sqrt() - eps**0.5).sum(-1)  # [B, G]
+        return root_sum.pow(2).sum(-1).mean() / 5.0
 
 
 class EntmaxSAE(SparsemaxSAE):
@@ -485,8 +537,9 @@ class EntmaxSAE(SparsemaxSAE):
     2 over the first half of training, a soft start that ends as sparsemax) or ``fixed``.
     """
 
-    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0):
-        super().__init__(config, mean_image, data_var)
+    def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
+                 init_inputs=None):
+        super().__init__(config, mean_image, data_var, init_inputs)
         self.entmax = EntmaxAlpha(alpha=config.alpha, learnable=config.alpha_mode == "learn",
                                   dim=-1, groups=config.groups)
 
@@ -542,12 +595,12 @@ MODEL_CLASSES: dict[str, type[SparseAutoencoder]] = {
     "l1": L1SAE, "kl": KLSAE, "sparsemax": SparsemaxSAE, "entmax": EntmaxSAE, "topk": TopKSAE}
 
 
-def build_model(config: SAEConfig, mean_image: Tensor | None = None,
-                data_var: float = 1.0) -> SparseAutoencoder:
-    """The SAE variant named by ``config.model``."""
+def build_model(config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
+                init_inputs: Tensor | None = None) -> SparseAutoencoder:
+    """The SAE variant named by ``config.model``; ``init_inputs`` [n, D] seed decoder columns."""
     if config.model not in MODEL_CLASSES:
         raise ValueError(f"unknown model {config.model!r}; choose from {MODELS}")
-    return MODEL_CLASSES[config.model](config, mean_image, data_var)
+    return MODEL_CLASSES[config.model](config, mean_image, data_var, init_inputs)
 
 
 @torch.no_grad()

@@ -101,6 +101,9 @@ def build_parser(suppress: bool = False) -> OneLineParser:
     m.add_argument("--arch", choices=("linear", "mlp"), default=d.arch,
                    help="one linear layer each way, or a 784-W-H-W-784 MLP")
     m.add_argument("--mlp-width", type=_number(int, 1), default=d.mlp_width)
+    m.add_argument("--init", choices=("auto", "random", "data"), default=d.init,
+                   help="decoder columns start random or at centred training images; auto = "
+                        "data for sparsemax/entmax")
     m.add_argument("--kl-threshold", type=_number(float, 0, 1, low_open=True),
                    default=d.kl_threshold, help="kl: a sigmoid unit fires above this")
 
@@ -375,7 +378,11 @@ def train(args: argparse.Namespace) -> dict:
     dm.load()
     mean = dm.train_mean
     data_var = float((dm.train_x - mean).pow(2).sum(-1).mean())
-    model = build_model(config, mean, data_var)
+    init_inputs = None
+    if config.resolved_init() == "data":  # seeded: the same images for the same --seed
+        pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(args.seed))
+        init_inputs = dm.train_x[pick[: config.hidden]]
+    model = build_model(config, mean, data_var, init_inputs)
 
     steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
     val_interval, val_every_epochs = 1.0, 1
