@@ -95,7 +95,9 @@ class SAEConfig:
         need(self.input_dim >= 1, "input_dim must be >= 1")
         need(self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}")
         need(math.isfinite(self.lam) and self.lam >= 0, f"--lambda must be >= 0, got {self.lam}")
-        need(1 <= self.k <= self.hidden, f"--k must be in [1, hidden={self.hidden}], got {self.k}")
+        need(self.k >= 1, f"--k must be >= 1, got {self.k}")
+        need(self.model != "topk" or self.k <= self.hidden,
+             f"--k must be <= --hidden ({self.hidden}), got {self.k}")
         need(0 < self.rho < 1, f"--rho must be in (0, 1), got {self.rho}")
         need(math.isfinite(self.alpha) and self.alpha > 1, f"--alpha must be > 1, got {self.alpha}")
         need(self.alpha_mode in ("learn", "anneal", "fixed"),

@@ -420,6 +420,8 @@ def train(args: argparse.Namespace) -> dict:
         trim_history(out / "metrics.csv", saved["global_step"])
     trainer.fit(fit_model, datamodule=dm, ckpt_path=ckpt)
     wall = time.perf_counter() - start
+    # the last validation's checkpoint can be behind when --max-steps ends mid-epoch
+    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
     if not trainer.is_global_zero:
         return {}
 

@@ -43,7 +43,8 @@ def test_help_shows_defaults(tmp_path, data_dir):
 
 @pytest.mark.parametrize("args", [
     ["--lambda", "-1"], ["--lambda", "nan"], ["--hidden", "0"], ["--model", "pca"],
-    ["--k", "0"], ["--k", "100", "--hidden", "64"], ["--groups", "3"], ["--rho", "1.5"],
+    ["--k", "0"], ["--model", "topk", "--k", "100", "--hidden", "64"], ["--groups", "3"],
+    ["--rho", "1.5"],
     ["--alpha", "1.0"], ["--epochs", "two"], ["--dataset", "cifar"], ["--lr", "0"],
     ["--data-dir", "/nonexistent/folder"], ["--config", "missing.yaml"],
     ["--dead-guard", "auxk", "--model", "l1"], ["--resume", "--overwrite"],

@@ -1,0 +1,233 @@
+"""Comparison tables of a sweep: pure functions, DataFrame in, DataFrame (or text) out.
+
+``results`` has one row per finished run (the columns of :data:`RESULT_COLUMNS`); everything else
+is derived from it:
+
+- :func:`summarize_seeds` averages each configuration (dataset × model × λ or k) over its seeds:
+  ``<metric>_mean`` and ``<metric>_std`` for every metric of :data:`SUMMARY_METRICS`, where std is
+  the *sample* standard deviation (ddof = 1), so a configuration with one seed has std NaN ("no
+  spread measured") rather than a misleading 0;
+- :func:`match_kl` sets each non-KL configuration beside the KL-SAE configuration of the same
+  dataset whose mean L0 is nearest (absolute difference; a tie goes to the smaller λ);
+- :func:`summary_display` / :func:`kl_display` turn those into tables of text, which
+  :func:`to_markdown` and :func:`to_html` render.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "CONFIG_KEYS",
+    "RESULT_COLUMNS",
+    "SUMMARY_METRICS",
+    "config_label",
+    "kl_display",
+    "match_kl",
+    "results_frame",
+    "summarize_seeds",
+    "summary_display",
+    "to_html",
+    "to_markdown",
+]
+
+# A configuration: model is the sweep's name for the entry, kind the sae.run model behind it,
+# param "lambda" or "k" (what the entry sweeps) and value its value.
+CONFIG_KEYS = ["dataset", "model", "kind", "param", "value"]
+
+RESULT_COLUMNS = [
+    *CONFIG_KEYS, "seed",
+    # final test metrics of the run (metrics.json)
+    "mse", "fvu", "explained_variance", "shrinkage", "l0_mean", "l0_std", "dead_fraction",
+    "dense_fraction", "n_samples", "n_units", "hidden", "lam", "fire_threshold", "alpha",
+    "steps", "epochs", "wall_time_s",
+    # analysis of the last checkpoint (analysis.json)
+    "probe_accuracy", "probe_train_accuracy", "l0_ink_corr", "checkpoint_step",
+    "run",  # run folder, relative to the sweep folder
+]
+
+SUMMARY_METRICS = ["mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "probe_accuracy",
+                   "l0_ink_corr", "wall_time_s"]
+
+_NAN = float("nan")
+
+
+def results_frame(records: Iterable[Mapping]) -> pd.DataFrame:
+    """One row per run with exactly :data:`RESULT_COLUMNS`, in that order (missing -> NaN)."""
+    frame = pd.DataFrame(list(records))
+    for column in RESULT_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = _NAN
+    return frame[RESULT_COLUMNS]
+
+
+def _order(values: pd.Series) -> pd.Categorical:
+    """Keep first-appearance order (the sweep file's order of datasets and models) when sorting."""
+    return pd.Categorical(values, categories=list(dict.fromkeys(values)), ordered=True)
+
+
+def summarize_seeds(results: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sample std over seeds of each configuration.
+
+    Returns one row per configuration: :data:`CONFIG_KEYS`, ``n_seeds`` and
+    ``<metric>_mean`` / ``<metric>_std`` for each of :data:`SUMMARY_METRICS`. Rows are ordered
+    by dataset and model as they first appear in ``results``, then by value. NaN metrics (e.g. a
+    probe that failed) are left out of their mean; an all-NaN metric stays NaN.
+    """
+    columns = [*CONFIG_KEYS, "n_seeds"] + [f"{m}_{s}" for m in SUMMARY_METRICS
+                                           for s in ("mean", "std")]
+    if results.empty:
+        return pd.DataFrame(columns=columns)
+    data = results.copy()
+    for metric in SUMMARY_METRICS:
+        data[metric] = pd.to_numeric(data[metric], errors="coerce")
+    grouped = data.groupby(CONFIG_KEYS, sort=False, dropna=False)
+    stats = grouped[SUMMARY_METRICS].agg(["mean", "std"])
+    stats.columns = [f"{m}_{s}" for m, s in stats.columns]
+    stats.insert(0, "n_seeds", grouped["seed"].nunique())
+    summary = stats.reset_index()
+    summary["_d"], summary["_m"] = _order(summary["dataset"]), _order(summary["model"])
+    summary = summary.sort_values(["_d", "_m", "value"], kind="stable")
+    return summary[columns].reset_index(drop=True)
+
+
+def match_kl(summary: pd.DataFrame) -> pd.DataFrame:
+    """Each non-KL configuration beside the KL-SAE configuration with the nearest mean L0.
+
+    Candidates are the configurations of kind ``kl`` in the same dataset with a finite mean L0;
+    the nearest is the one with the smallest ``|L0 − L0_kl|``, ties going to the smaller λ (then
+    to the one listed first). Rows of datasets without any KL-SAE keep NaN in the KL columns.
+
+    Returns:
+        One row per non-KL configuration: :data:`CONFIG_KEYS`, ``l0``, ``fvu``, ``probe``,
+        ``kl_model``, ``kl_value``, ``kl_l0``, ``kl_fvu``, ``kl_probe``, ``d_fvu`` (fvu − KL's;
+        negative is better) and ``d_probe`` (probe accuracy − KL's; positive is better).
+    """
+    columns = [*CONFIG_KEYS, "l0", "fvu", "probe", "kl_model", "kl_value", "kl_l0", "kl_fvu",
+               "kl_probe", "d_fvu", "d_probe"]
+    rows = []
+    for _, row in summary[summary["kind"] != "kl"].iterrows():
+        kl = summary[(summary["kind"] == "kl") & (summary["dataset"] == row["dataset"])
+                     & np.isfinite(summary["l0_mean_mean"].astype(float))]
+        out = {k: row[k] for k in CONFIG_KEYS}
+        out.update(l0=row["l0_mean_mean"], fvu=row["fvu_mean"], probe=row["probe_accuracy_mean"])
+        if len(kl) and math.isfinite(row["l0_mean_mean"]):
+            gap = (kl["l0_mean_mean"] - row["l0_mean_mean"]).abs()
+            best = kl.assign(_gap=gap).sort_values(["_gap", "value"], kind="stable").iloc[0]
+            out.update(kl_model=best["model"], kl_value=best["value"], kl_l0=best["l0_mean_mean"],
+                       kl_fvu=best["fvu_mean"], kl_probe=best["probe_accuracy_mean"])
+            out.update(d_fvu=out["fvu"] - out["kl_fvu"], d_probe=out["probe"] - out["kl_probe"])
+        rows.append(out)
+    return pd.DataFrame(rows, columns=columns)
+
+
+# --------------------------------------------------------------------------- text tables
+
+
+def config_label(param: str, value: float) -> str:
+    """'λ = 0.01' or 'k = 32'."""
+    return f"{'λ' if param == 'lambda' else param} = {value:g}"
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float | np.number) and math.isfinite(float(x))
+
+
+def _pm(mean: float, std: float, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    """'mean ± std unit'; '–' for a missing mean, no '±' part without a measured spread."""
+    if not _finite(mean):
+        return "–"
+    text = format(scale * mean, fmt)
+    if _finite(std):
+        text += f" ± {format(scale * std, fmt)}"
+    return text + unit
+
+
+def _signed(x: float, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    return "–" if not _finite(x) else format(scale * x, "+" + fmt) + unit
+
+
+# column heading -> (metric, number format, scale, unit)
+_SUMMARY_CELLS = {
+    "MSE": ("mse", ".4g", 1.0, ""),
+    "FVU": ("fvu", ".4f", 1.0, ""),
+    "L0 mean": ("l0_mean", ".1f", 1.0, ""),
+    "L0 std": ("l0_std", ".1f", 1.0, ""),
+    "dead %": ("dead_fraction", ".1f", 100.0, ""),
+    "probe acc. %": ("probe_accuracy", ".2f", 100.0, ""),
+    "train time": ("wall_time_s", ".0f", 1.0, " s"),
+}
+
+
+def summary_display(summary: pd.DataFrame, dataset: str,
+                    raw_probe: float | None = None) -> pd.DataFrame:
+    """The per-configuration table of one dataset as text (mean ± std over seeds).
+
+    A last row "raw pixels" holds the raw-pixel probe accuracy when ``raw_probe`` is given.
+    """
+    part = summary[summary["dataset"] == dataset]
+    rows = []
+    for _, row in part.iterrows():
+        cells = {"model": row["model"], "λ / k": config_label(row["param"], row["value"]),
+                 "seeds": str(int(row["n_seeds"]))}
+        for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
+            cells[head] = _pm(row[f"{metric}_mean"], row[f"{metric}_std"], fmt, scale, unit)
+        rows.append(cells)
+    if raw_probe is not None and _finite(raw_probe):
+        cells = dict.fromkeys(["model", "λ / k", "seeds", *_SUMMARY_CELLS], "–")
+        cells.update({"model": "raw pixels", "probe acc. %": f"{100 * raw_probe:.2f}"})
+        rows.append(cells)
+    return pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS])
+
+
+def kl_display(matched: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """The "vs KL-SAE" table of one dataset as text."""
+    part = matched[matched["dataset"] == dataset]
+    rows = []
+    for _, row in part.iterrows():
+        has_kl = _finite(row["kl_l0"])
+        rows.append({
+            "model": row["model"], "λ / k": config_label(row["param"], row["value"]),
+            "L0": _pm(row["l0"], _NAN, ".1f"),
+            "KL-SAE": (f"{row['kl_model']} {config_label('lambda', row['kl_value'])}"
+                       if has_kl else "no KL-SAE run"),
+            "KL L0": _pm(row["kl_l0"], _NAN, ".1f"),
+            "Δ FVU": _signed(row["d_fvu"], ".4f"),
+            "Δ probe acc. (points)": _signed(row["d_probe"], ".2f", 100.0),
+        })
+    return pd.DataFrame(rows, columns=["model", "λ / k", "L0", "KL-SAE", "KL L0", "Δ FVU",
+                                       "Δ probe acc. (points)"])
+
+
+def _is_number_text(text: str) -> bool:
+    head = text.lstrip("+-−").split(" ")[0]
+    return bool(head) and head.replace(".", "", 1).isdigit()
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A GitHub-flavoured markdown table; number columns are right-aligned."""
+    heads = [str(c) for c in table.columns]
+    body = [[str(v).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
+    numeric = [bool(body) and all(_is_number_text(r[i]) or r[i] == "–" for r in body)
+               for i in range(len(heads))]
+    lines = ["| " + " | ".join(heads) + " |",
+             "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def to_html(table: pd.DataFrame) -> str:
+    """An HTML ``<table>`` (escaped text; number cells get class ``num``)."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    rows = []
+    for row in table.itertuples(index=False):
+        cells = "".join(
+            f'<td class="num">{html.escape(str(v))}</td>' if _is_number_text(str(v))
+            else f"<td>{html.escape(str(v))}</td>" for v in row)
+        rows.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"

@@ -1,0 +1,478 @@
+"""sae.compare and sae.tables: sweep files, the runner as a user calls it, tables and plots."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from sae import compare, figures, tables
+from sae.models import MODELS
+from sae.run import UsageError, build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = sorted((REPO / "experiments").glob("*.yaml"))
+
+TINY = {
+    "description": "two models on 200 images",
+    "datasets": ["mnist"],
+    "seeds": [0],
+    "common": {"hidden": 16, "k": 4, "limit_train": 200, "val_size": 100, "limit_test": 200,
+               "batch_size": 64, "epochs": 1, "no_figures": True, "no_report": True},
+    "models": {"kl": {"lambda": [0.1]}, "topk": {"k": [4]}},
+}
+
+
+def write_yaml(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False) if not isinstance(data, str) else data)
+    return path
+
+
+def run_compare(args, cwd, data_dir, timeout=240):
+    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1", OMP_NUM_THREADS="2",
+               SAE_CACHE_DIR=str(Path(cwd) / "cache"))
+    env.pop("SAE_RUN_DIR", None)
+    return subprocess.run([sys.executable, "-m", "sae.compare", *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(rc: int, stderr: str) -> str:
+    assert rc == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- sweep files
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_presets_are_valid(preset):
+    sweep = compare.load_sweep(preset)
+    runs = compare.plan(sweep)  # every combination checked by sae.run's own parser
+    per_dataset = sum(len(e.grid or (None,)) for e in sweep.models)
+    assert len(runs) == len(sweep.datasets) * per_dataset * len(sweep.seeds)
+    assert {e.kind for e in sweep.models} == set(MODELS)
+    parser = build_parser(suppress=True)
+    for run in runs:
+        parsed = vars(parser.parse_args(run.argv))  # every setting is a valid sae.run flag
+        assert parsed["model"] == run.kind and parsed["dataset"] == run.dataset
+        assert str(run.rel).startswith(f"runs/{run.dataset}/{run.model}/")
+    if preset.stem == "quick":
+        assert set(sweep.datasets) == {"mnist", "fashion-mnist"} and len(sweep.seeds) == 1
+        assert all(len(e.grid) == 2 for e in sweep.models)
+    else:
+        assert len(sweep.seeds) >= 3 and all(len(e.grid) >= 3 for e in sweep.models)
+
+
+def test_presets_exist():
+    assert {p.stem for p in PRESETS} >= {"quick", "mnist", "fashion-mnist"}
+
+
+def test_plan_layers_common_model_and_grid(tmp_path):
+    data = {"datasets": "mnist", "seeds": [0, 1], "common": {"hidden": 64, "epochs": 2},
+            "models": {"l1": {"lambda": [0.1, 0.2], "epochs": 3},
+                       "anneal": {"model": "entmax", "alpha-mode": "anneal"},
+                       "topk": {"k": 8}}}
+    runs = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", data)))
+    assert len(runs) == (2 + 1 + 1) * 2
+    l1 = [r for r in runs if r.model == "l1"]
+    assert [r.value for r in l1] == [0.1, 0.1, 0.2, 0.2]
+    assert all(r.settings["epochs"] == 3 and r.settings["hidden"] == 64 for r in l1)
+    anneal = [r for r in runs if r.model == "anneal"]
+    assert anneal[0].kind == "entmax" and anneal[0].settings["alpha_mode"] == "anneal"
+    assert anneal[0].value == 0.01  # no grid: sae.run's default λ
+    assert {r.rel.as_posix() for r in runs if r.model == "topk"} == {
+        "runs/mnist/topk/k8/seed0", "runs/mnist/topk/k8/seed1"}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("datasets: [mnist\n", "not valid YAML"),
+    ("- a\n- b\n", "mapping"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {l1: {}}\nbudget: 3\n", "unknown key 'budget'"),
+    ("datasets: [cifar]\nseeds: [0]\nmodels: {l1: {}}\n", "unknown dataset"),
+    ("datasets: [mnist]\nseeds: 3\nmodels: {l1: {}}\n", "seeds"),
+    ("datasets: [mnist]\nseeds: [-1]\nmodels: {l1: {}}\n", "seeds"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {}\n", "models"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {pca: {}}\n", "unknown model 'pca'"),
+    ("datasets: [mnist]\nseeds: [0]\ncommon: {bogus: 1}\nmodels: {l1: {}}\n", "'bogus'"),
+    ("datasets: [mnist]\nseeds: [0]\ncommon: {seed: 1}\nmodels: {l1: {}}\n", "'seed'"),
+    ("datasets: [mnist]\nseeds: [0]\ncommon: {out: x}\nmodels: {l1: {}}\n", "'out'"),
+    ("datasets: [mnist]\nseeds: [0]\ncommon: {hidden: [8, 16]}\nmodels: {l1: {}}\n", "list"),
+    ("datasets: [mnist]\nseeds: [0]\ncommon: {hidden: -4}\nmodels: {l1: {}}\n", "--hidden"),
+    ("datasets: [mnist]\nseeds: [0]\ncommon: {no_figures: 3}\nmodels: {l1: {}}\n", "switch"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {l1: {lambda: [0.1, -1]}}\n", "--lambda"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {l1: {lambda: [0.1, 0.10]}}\n", "repeats"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {l1: {lambda: []}}\n", "lambda"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {l1: {k: [4, 8]}}\n", "lambda"),
+    ("datasets: [mnist]\nseeds: [0]\ncommon: {hidden: 16}\nmodels: {topk: {k: [8, 32]}}\n",
+     "--k"),
+])
+def test_bad_sweep_file_is_one_line_exit_2(tmp_path, capsys, text, words):
+    path = write_yaml(tmp_path / "bad.yaml", text)
+    rc = compare.main([str(path), "--out", str(tmp_path / "sweep")])
+    line = one_line_error(rc, capsys.readouterr().err)
+    assert words in line
+    assert not (tmp_path / "sweep").exists()  # nothing was started
+
+
+@pytest.mark.parametrize("args, words", [
+    (["missing.yaml"], "does not exist"),
+    (["{sweep}", "--jobs", "0"], "--jobs"),
+    (["{sweep}", "--jobs", "two"], "--jobs"),
+    (["{sweep}", "--bogus"], "unrecognized"),
+    ([], "required"),
+])
+def test_bad_command_line_is_one_line_exit_2(tmp_path, capsys, args, words):
+    sweep = write_yaml(tmp_path / "s.yaml", TINY)
+    rc = compare.main([a.format(sweep=sweep) for a in args])
+    assert words in one_line_error(rc, capsys.readouterr().err)
+
+
+def test_foreign_folder_is_never_touched(tmp_path, capsys):
+    sweep = write_yaml(tmp_path / "s.yaml", TINY)
+    foreign = tmp_path / "out" / "runs" / "mnist" / "kl" / "lambda0.1" / "seed0"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    rc = compare.main([str(sweep), "--out", str(tmp_path / "out")])
+    assert "not a run folder" in one_line_error(rc, capsys.readouterr().err)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+
+def test_dry_run_writes_nothing(tmp_path, capsys):
+    sweep = write_yaml(tmp_path / "s.yaml", TINY)
+    assert compare.main([str(sweep), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs (2 new)" in out and "--model topk" in out
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- run folders
+
+
+def test_run_state_and_commands(tmp_path):
+    run = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY)))[0]
+    folder = tmp_path / "run"
+    assert compare.run_state(folder) == "new"
+    folder.mkdir()
+    assert compare.run_state(folder) == "new"  # empty: sae.run may use it
+    (folder / "config.yaml").write_text("model: kl\n")
+    assert compare.run_state(folder) == "restart"
+    assert compare.train_command(run, folder, "restart")[-1] == "--overwrite"
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert compare.run_state(folder) == "resume"
+    assert compare.train_command(run, folder, "resume")[3:] == ["--out", str(folder), "--resume"]
+    (folder / "metrics.json").write_text("{}")
+    assert compare.run_state(folder) == "done"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x").write_text("")
+    assert compare.run_state(other) == "foreign"
+
+
+def test_job_env_splits_threads_and_gpus(monkeypatch):
+    monkeypatch.setenv("SAE_RUN_DIR", "somewhere")
+    env = compare.job_env(1, 3, "2")
+    assert env["OMP_NUM_THREADS"] == "3" and env["CUDA_VISIBLE_DEVICES"] == "2"
+    assert "SAE_RUN_DIR" not in env
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert compare.total_threads() == 6
+
+
+def test_trainer_gives_each_job_a_gpu_and_a_thread_share(tmp_path):
+    tiny = {**TINY, "common": {**TINY["common"], "accelerator": "gpu"}}
+    runs = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", tiny)))
+    show = [sys.executable, "-c", "import os, time; time.sleep(0.5); "
+            "print('env', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['OMP_NUM_THREADS'])"]
+    trainer = compare.Trainer(jobs=2, threads=3, gpus=["4", "7"])
+    futures = [trainer.submit(run, show, tmp_path / f"{i}.log") for i, run in enumerate(runs)]
+    assert [f.result()[0] for f in futures] == [0, 0]
+    trainer.pool.shutdown()
+    seen = sorted(line.split()[1:] for i in range(2) for line in
+                  (tmp_path / f"{i}.log").read_text().splitlines() if line.startswith("env"))
+    assert seen == [["4", "3"], ["7", "3"]]  # both ran at once, on different GPUs
+
+
+def test_trainer_stop_interrupts_and_starts_nothing_new(tmp_path):
+    runs = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY)))
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    trainer = compare.Trainer(jobs=1, threads=1, gpus=[])
+    first = trainer.submit(runs[0], sleep, tmp_path / "a.log")
+    second = trainer.submit(runs[1], sleep, tmp_path / "b.log")
+    while not trainer.live:
+        time.sleep(0.05)
+    start = time.perf_counter()
+    trainer.stop()
+    assert time.perf_counter() - start < 30
+    assert first.result()[0] != 0  # interrupted
+    assert second.cancelled() or second.result()[0] is None  # never started
+    assert not (tmp_path / "b.log").is_file() or "$ " not in (tmp_path / "b.log").read_text()
+
+
+def test_outputs_of_a_sweep_with_no_finished_run(tmp_path):
+    sweep = compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
+    written = compare.write_outputs(tmp_path, sweep, compare.plan(sweep), {})
+    assert {p.name for p in written} >= {"results.csv", "comparison.md", "comparison.html"}
+    assert list(pd.read_csv(tmp_path / "results.csv").columns) == tables.RESULT_COLUMNS
+    assert "0 of 2 runs finished" in (tmp_path / "comparison.md").read_text()
+
+
+def test_pearson():
+    assert compare.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert compare.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert compare.pearson([4, 4, 4], [1, 2, 3]) is None  # constant L0 (TopK): undefined
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def results(rows):
+    """A results frame from (dataset, model, kind, param, value, seed, fvu, l0, probe) rows."""
+    records = [dict(zip(["dataset", "model", "kind", "param", "value", "seed", "fvu", "l0_mean",
+                         "probe_accuracy"], r, strict=True)) for r in rows]
+    for r in records:
+        r.update(mse=r["fvu"] / 10, l0_std=1.0, dead_fraction=0.1, wall_time_s=60.0,
+                 l0_ink_corr=0.5)
+    return tables.results_frame(records)
+
+
+def test_results_frame_has_documented_columns():
+    frame = tables.results_frame([{"dataset": "mnist", "fvu": 0.2, "extra": 1}])
+    assert list(frame.columns) == tables.RESULT_COLUMNS
+    assert math.isnan(frame.loc[0, "probe_accuracy"])
+
+
+def test_summarize_seeds_mean_and_sample_std():
+    frame = results([
+        ("mnist", "l1", "l1", "lambda", 0.1, 0, 0.2, 10, 0.90),
+        ("mnist", "l1", "l1", "lambda", 0.1, 1, 0.4, 20, 0.92),
+        ("mnist", "l1", "l1", "lambda", 0.1, 2, 0.3, 30, 0.94),
+        ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.1, 50, 0.95),
+        ("mnist", "topk", "topk", "k", 8, 0, 0.5, 8, 0.80),
+    ])
+    s = tables.summarize_seeds(frame)
+    assert list(zip(s["model"], s["value"], strict=True)) == [("l1", 0.01), ("l1", 0.1),
+                                                              ("topk", 8)]
+    row = s[(s["model"] == "l1") & (s["value"] == 0.1)].iloc[0]
+    assert row["n_seeds"] == 3
+    assert row["fvu_mean"] == pytest.approx(0.3)
+    assert row["fvu_std"] == pytest.approx(0.1)  # sample std (ddof = 1)
+    assert row["l0_mean_std"] == pytest.approx(10.0)
+    assert row["probe_accuracy_mean"] == pytest.approx(0.92)
+    assert math.isnan(s.iloc[0]["fvu_std"])  # one seed: no spread measured
+    assert tables.summarize_seeds(tables.results_frame([])).empty
+
+
+def test_summarize_seeds_ignores_missing_probe():
+    frame = results([("mnist", "l1", "l1", "lambda", 0.1, 0, 0.2, 10, 0.9),
+                     ("mnist", "l1", "l1", "lambda", 0.1, 1, 0.2, 10, float("nan"))])
+    assert tables.summarize_seeds(frame).loc[0, "probe_accuracy_mean"] == pytest.approx(0.9)
+
+
+def summary(rows):
+    return tables.summarize_seeds(results(rows))
+
+
+def test_match_kl_nearest_l0_and_deltas():
+    s = summary([
+        ("mnist", "kl", "kl", "lambda", 0.1, 0, 0.30, 10, 0.90),
+        ("mnist", "kl", "kl", "lambda", 1.0, 0, 0.50, 50, 0.80),
+        ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.20, 12, 0.95),
+        ("mnist", "topk", "topk", "k", 32, 0, 0.10, 45, 0.85),
+    ])
+    m = tables.match_kl(s).set_index("model")
+    assert len(m) == 2 and "kl" not in m.index
+    assert m.loc["l1", "kl_value"] == 0.1 and m.loc["l1", "kl_l0"] == 10
+    assert m.loc["l1", "d_fvu"] == pytest.approx(-0.1)
+    assert m.loc["l1", "d_probe"] == pytest.approx(0.05)
+    assert m.loc["topk", "kl_value"] == 1.0 and m.loc["topk", "d_fvu"] == pytest.approx(-0.4)
+
+
+def test_match_kl_tie_goes_to_smaller_lambda():
+    s = summary([
+        ("mnist", "kl", "kl", "lambda", 1.0, 0, 0.5, 10, 0.8),
+        ("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 30, 0.9),
+        ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.2, 20, 0.95),
+    ])
+    assert tables.match_kl(s).loc[0, "kl_value"] == 0.1
+
+
+def test_match_kl_stays_within_dataset_and_handles_missing_kl():
+    s = summary([
+        ("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 10, 0.9),
+        ("fashion-mnist", "l1", "l1", "lambda", 0.01, 0, 0.2, 10, 0.8),
+    ])
+    m = tables.match_kl(s)
+    assert len(m) == 1 and m.loc[0, "dataset"] == "fashion-mnist"
+    assert math.isnan(m.loc[0, "kl_l0"]) and math.isnan(m.loc[0, "d_fvu"])
+    assert "no KL-SAE run" in tables.to_markdown(tables.kl_display(m, "fashion-mnist"))
+    only_kl = summary([("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 10, 0.9)])
+    assert tables.match_kl(only_kl).empty
+
+
+def test_summary_display_and_markdown():
+    s = summary([
+        ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.2, 10, 0.90),
+        ("mnist", "l1", "l1", "lambda", 0.01, 1, 0.4, 14, 0.92),
+        ("mnist", "topk", "topk", "k", 32, 0, 0.1, 32, 0.95),
+    ])
+    shown = tables.summary_display(s, "mnist", raw_probe=0.926)
+    assert list(shown["model"]) == ["l1", "topk", "raw pixels"]
+    assert shown.loc[0, "λ / k"] == "λ = 0.01" and shown.loc[1, "λ / k"] == "k = 32"
+    assert shown.loc[0, "FVU"] == "0.3000 ± 0.1414"
+    assert shown.loc[1, "FVU"] == "0.1000"  # one seed: no ± part
+    assert shown.loc[2, "probe acc. %"] == "92.60"
+    md = tables.to_markdown(shown).splitlines()
+    assert md[0].startswith("| model | λ / k |") and set(md[1]) <= set("|-:")
+    assert len(md) == 2 + 3
+    assert "<td class=\"num\">92.60</td>" in tables.to_html(shown)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot_frames():
+    s = summary([
+        ("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 10, 0.9),
+        ("mnist", "kl", "kl", "lambda", 0.1, 1, 0.32, 11, 0.91),
+        ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.2, 12, 0.95),
+        ("mnist", "l1", "l1", "lambda", 0.1, 0, 0.4, 3, 0.85),
+        ("fashion-mnist", "topk", "topk", "k", 8, 0, 0.25, 8, 0.8),
+    ])
+    rng = np.random.default_rng(0)
+    l0 = pd.DataFrame({"dataset": "mnist", "model": np.repeat(["kl", "l1", "topk"], 50),
+                       "config": "λ = 0.1", "l0": np.r_[rng.poisson(10, 100), np.full(50, 8)]})
+    per_class = pd.DataFrame([{"dataset": "mnist", "model": m, "config": "λ = 0.1",
+                               "class": str(c), "l0": 5.0 + c} for m in ("kl", "l1")
+                              for c in range(10)])
+    corr = pd.DataFrame({"dataset": "mnist", "model": ["kl", "kl", "topk"],
+                         "config": ["λ = 0.1", "λ = 0.1", "k = 8"],
+                         "l0_ink_corr": [0.5, 0.6, np.nan]})
+    return s, l0, per_class, corr
+
+
+def test_comparison_plots_render():
+    s, l0, per_class, corr = plot_frames()
+    made = [figures.fvu_l0_pareto(s), figures.probe_vs_l0(s, {"mnist": 0.926}),
+            figures.l0_distributions(l0), figures.class_l0_heatmap(per_class),
+            figures.l0_ink_correlation(corr)]
+    assert [len([a for a in made[0].axes if a.get_title()]), len(made[1].axes)] == [2, 2]
+    assert len(made[2].axes) == 3  # one panel per dataset x model
+    text = " ".join(t.get_text() for t in made[4].findobj(lambda o: hasattr(o, "get_text")))
+    assert "undefined" in text  # TopK's constant L0
+    for fig in made:
+        assert figures.figure_to_png_bytes(fig, dpi=30).startswith(b"\x89PNG")
+
+
+def test_comparison_plots_accept_empty_frames():
+    empty = tables.summarize_seeds(tables.results_frame([]))
+    for fig in (figures.fvu_l0_pareto(empty), figures.probe_vs_l0(empty),
+                figures.l0_distributions(pd.DataFrame(columns=["dataset", "model", "config",
+                                                                "l0"])),
+                figures.class_l0_heatmap(pd.DataFrame(columns=["dataset", "model", "config",
+                                                                "class", "l0"])),
+                figures.l0_ink_correlation(pd.DataFrame(columns=["dataset", "model", "config",
+                                                                  "l0_ink_corr"]))):
+        assert figures.figure_to_png_bytes(fig, dpi=30).startswith(b"\x89PNG")
+
+
+def test_pareto_front():
+    l0 = np.array([5.0, 10, 20, 8, 30])
+    err = np.array([0.5, 0.3, 0.1, 0.6, 0.2])
+    assert list(figures._pareto_front(l0, err)) == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory, data_dir):
+    """The tiny sweep (KL-SAE and TopK, one λ/k, one seed) after one complete invocation."""
+    root = tmp_path_factory.mktemp("sweep")
+    write_yaml(root / "tiny.yaml", TINY)
+    result = run_compare(["tiny.yaml", "--jobs", "2"], root, data_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root, result
+
+
+@pytest.mark.slow
+def test_sweep_writes_tables_and_page(finished_sweep):
+    root, result = finished_sweep
+    out = root / "sweeps" / "tiny"
+    assert result.stdout.count("trained in") == 2 and "[2/2]" in result.stdout
+    frame = pd.read_csv(out / "results.csv")
+    assert list(frame.columns) == tables.RESULT_COLUMNS
+    assert sorted(frame["model"]) == ["kl", "topk"] and set(frame["seed"]) == {0}
+    assert frame["probe_accuracy"].between(0, 1).all() and frame["wall_time_s"].gt(0).all()
+    for rel in frame["run"]:
+        run = out / rel
+        assert (run / "metrics.json").is_file()
+        analysis = json.loads((run / "analysis.json").read_text())
+        assert len(analysis["class_l0_mean"]) == 10
+        assert np.load(run / "test_l0.npy").shape == (200,)
+    md = (out / "comparison.md").read_text()
+    assert "## mnist" in md and "vs KL-SAE" in md and "raw pixels" in md and "k = 4" in md
+    page = (out / "comparison.html").read_text()
+    assert page.count("data:image/png;base64,") == len(compare.FIGURE_FILES)
+    assert "<script" not in page and "http" not in page.replace("http-equiv", "")
+    assert all((out / name).is_file() for name in compare.FIGURE_FILES)
+    assert json.loads((out / "raw_probe.json").read_text())[0]["dataset"] == "mnist"
+
+
+@pytest.mark.slow
+def test_second_invocation_skips_finished_runs(finished_sweep, data_dir):
+    root, _ = finished_sweep
+    runs = sorted((root / "sweeps" / "tiny" / "runs").glob("*/*/*/seed*"))
+    stamps = {p: ((p / "metrics.json").stat().st_mtime_ns,
+                  (p / "analysis.json").stat().st_mtime_ns) for p in runs}
+    result = run_compare(["tiny.yaml"], root, data_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("skipped (finished)") == 2 and "trained in" not in result.stdout
+    assert stamps == {p: ((p / "metrics.json").stat().st_mtime_ns,
+                          (p / "analysis.json").stat().st_mtime_ns) for p in runs}
+
+
+@pytest.mark.slow
+def test_interrupted_runs_are_completed(finished_sweep, data_dir, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(finished_sweep[0], root)
+    runs = root / "sweeps" / "tiny" / "runs" / "mnist"
+    resumed, restarted = runs / "kl" / "lambda0.1" / "seed0", runs / "topk" / "k4" / "seed0"
+    (resumed / "metrics.json").unlink()  # killed after its last checkpoint
+    for path in restarted.iterdir():  # killed before its first checkpoint
+        if path.name != "config.yaml":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    result = run_compare(["tiny.yaml", "--jobs", "2"], root, data_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("trained in") == 2
+    for run in (resumed, restarted):
+        assert (run / "metrics.json").is_file() and (run / "analysis.json").is_file()
+    logs = root / "sweeps" / "tiny" / "logs" / "mnist"
+    commands = {name: [line for line in (logs / name).read_text().splitlines()
+                       if line.startswith("$ ")] for name in ("kl/lambda0.1/seed0.log",
+                                                               "topk/k4/seed0.log")}
+    assert commands["kl/lambda0.1/seed0.log"][-1].endswith("--resume")
+    assert commands["topk/k4/seed0.log"][-1].endswith("--overwrite")
+    assert len(pd.read_csv(root / "sweeps" / "tiny" / "results.csv")) == 2
+
+
+@pytest.mark.slow
+def test_bad_input_from_the_shell(tmp_path, data_dir):
+    write_yaml(tmp_path / "bad.yaml", "datasets: [mnist]\nseeds: [0]\nmodels: {l1: {x: 1}}\n")
+    result = run_compare(["bad.yaml"], tmp_path, data_dir)
+    one_line_error(result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and not (tmp_path / "sweeps").exists()
+
+
+def test_usage_error_is_the_cli_one():
+    with pytest.raises(UsageError):
+        compare.load_sweep("no/such/file.yaml")
