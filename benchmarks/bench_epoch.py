@@ -22,6 +22,7 @@ import torch
 
 from sae.data import ImageDataModule
 from sae.models import SAEConfig, build_model
+from sae.run import quiet_lightning
 
 
 class EpochTimer(L.Callback):
@@ -99,6 +100,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args()
+    quiet_lightning()
     torch.set_num_threads(args.threads)
     dm = ImageDataModule("mnist", args.data_dir, batch_size=256)
     dm.setup()
