@@ -222,6 +222,7 @@ def is_primary_process() -> bool:
 
 def resolve_settings(argv: list[str]) -> argparse.Namespace:
     """Layer defaults, --config, the resumed run's config.yaml and explicit flags."""
+    build_parser().parse_args(argv)  # --help (with defaults shown) and bad values end here
     explicit = vars(build_parser(suppress=True).parse_args(argv))
     settings = vars(build_parser().parse_args([]))
     if explicit.get("config"):
