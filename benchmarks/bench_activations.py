@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from sae.activations import entmax15, entmax_alpha, sparsemax
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's sae, not another
+from sae.activations import entmax15, entmax_alpha, sparsemax  # noqa: E402
 
 try:
     import entmax

@@ -20,36 +20,40 @@ bfloat16 are computed in float32 and returned in the input dtype.
 **Non-finite input** follows ``torch.softmax``: a row (one group of one slice along ``dim``)
 that holds a NaN or a ``+inf``, or whose entries are all ``-inf``, gives a NaN row and a NaN
 input gradient for that row; ``-inf`` entries of an otherwise finite row get exactly 0 (and zero
-gradient) while the other entries get the map of the finite ones. Nothing raises on data values,
-and a bad row never changes the other rows or their gradients. Empty tensors pass through.
+gradient) while the other entries get the map of the finite ones. Nothing raises on data values.
+Bad rows are left out of the computation, so the other rows and their gradients are exactly
+(bitwise) what they would be without them. Empty tensors pass through.
 
-**Algorithm.** The threshold is found without sorting:
+**Algorithm.** The threshold is found without sorting the rows (sorting is slow on CPU):
 
-1. *Candidate blocks.* Every row is cut into blocks of 32 (or 16) entries. The threshold of the
-   vector of block maxima is a lower bound of the row's threshold (a subset of the entries always
-   has a lower threshold), and it is computed the same way, recursively. Only blocks whose
-   maximum exceeds that bound can hold support entries; when they are few, they are gathered
-   into a small dense matrix and everything below runs on it, so one pass over the input (the
-   block maxima) is the only full read, and the output and the input gradient are one zero-fill
-   plus a scatter of the few candidate blocks.
-2. *Threshold.* On the candidates, Newton's method on :math:`f(t) = \sum_j p_j(t) - 1`, started
-   from the lower bound. :math:`f` is convex and decreasing for :math:`1 < \alpha \le 2`, so the
-   iterates rise monotonically to :math:`t^\star`. For sparsemax the Newton step is Michelot's
-   fixed point :math:`t \leftarrow (\sum_{x_j > t} x_j - 1)/|\{x_j > t\}|`, which stops after
-   finitely many steps, when the support no longer changes, with the exact threshold. For
-   1.5-entmax, once the support is stable, the threshold is taken from its closed form
-   :math:`t = \mu_S - \sqrt{4/|S| - \sigma_S^2}` and kept only if it reproduces the support, so
-   it is exact too. For other :math:`\alpha` the Newton steps are safeguarded by bisection
-   (needed for :math:`\alpha > 2`), stopped at machine precision, and the output is renormalised.
+1. *A lower bound from a subset.* Any subset of a row's entries has a threshold no larger than
+   the row's, and the maxima of a partition of the row are such a subset. Rows are reduced to the
+   maxima of 16 interleaved subsets, whose threshold the sort-based formula gives exactly and
+   cheaply; rows of 1024 entries or more, to the maxima of blocks of 32, solved the same way,
+   recursively. Rows of at most 16 entries are solved by the sort-based formula directly.
+2. *Few candidates.* Only blocks whose maximum exceeds the bound can hold support entries. In
+   long rows, when these are at most half of the blocks, they are gathered into a small matrix
+   and everything else runs on it: the block maxima are then the only full pass over the input,
+   and the output and the input gradient are a zero fill plus a scatter of those blocks.
+3. *Exact threshold.* From the bound, Newton's method on :math:`f(t) = \sum_j p_j(t) - 1`, which
+   is convex and decreasing for :math:`1 < \alpha \le 2`, so the iterates rise monotonically.
+   For sparsemax the Newton step is Michelot's (1986)
+   :math:`t \leftarrow (\sum_{x_j > t} x_j - 1) / |\{j : x_j > t\}|`; it stops, exact, when the
+   support no longer changes, which the first pass usually shows (the row then has as many
+   entries above the bound as the subset's support). For 1.5-entmax each pass also tries the
+   closed form on the current support :math:`S`,
+   :math:`t = \mu_S - \sqrt{4/|S| - \sigma_S^2}`, and keeps it when no entry of :math:`S` lies
+   below it: the KKT conditions then hold, so it is exact. The support therefore equals that of
+   the sort-based formula. For other :math:`\alpha` (no closed form) the Newton steps, safeguarded
+   by bisection where :math:`f` is not convex (:math:`\alpha > 2`), stop at rounding level and the
+   output is renormalised.
 
-**torch.compile.** Under ``torch.compile`` a sync-free, fixed-shape variant is traced instead
-(bisection to machine precision, then two exact support steps for sparsemax and 1.5-entmax, or
-a renormalisation for other :math:`\alpha`); it agrees with the eager result to rounding, and
-``fullgraph=True`` holds for every map here, forward and backward.
+**torch.compile.** Each map is registered as an opaque operator (``torch.library.custom_op``,
+with its backward), so compiled graphs call the same exact code and ``fullgraph=True`` holds.
 
-The ``entmax`` package (Peters et al.) is the reference these are tested against; it is not
-called, because the code here is faster on every benchmarked size (see
-``benchmarks/bench_activations.py``) and handles the non-finite cases above.
+The ``entmax`` package (Peters et al.) is the reference these are tested against. It is not
+called: the code here is faster at every benchmarked size (``benchmarks/bench_activations.py``)
+and handles the non-finite cases above.
 """
 
 from __future__ import annotations
@@ -101,20 +105,22 @@ def _probs(c: Tensor, t: Tensor, alpha: float | Tensor, out: Tensor | None = Non
     return p
 
 
-def _sorted_threshold(z: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
-    """Exact threshold and support size of short rows by the sort-based formula (sparsemax,
-    1.5-entmax)."""
+def _sorted_threshold(z: Tensor, alpha: float, size: bool = True):
+    """Exact threshold and (if `size`) support size of short rows by the sort-based formula
+    (sparsemax, 1.5-entmax)."""
     n = z.shape[-1]
-    # Entries below -2 * width never reach the support; clamping keeps -inf out of the sums.
-    zs = z.clamp_min(-2.0 * _width(alpha)).sort(-1, descending=True).values
     rho = torch.arange(1, n + 1, dtype=z.dtype, device=z.device)
     if alpha == 2.0:
         # tau_k = (sum of the k largest - 1) / k rises while z_(k+1) > tau_k, then falls; the
-        # first maximiser is the support size.
-        t, k = zs.cumsum(-1).sub_(1).div_(rho).max(-1, keepdim=True)
+        # first maximiser is the support size (-inf entries give tau_k = -inf: harmless).
+        tau = z.sort(-1, descending=True).values.cumsum(-1).sub_(1).div_(rho)
+        if not size:
+            return tau.amax(-1, keepdim=True), None
+        t, k = tau.max(-1, keepdim=True)
         return t, (k + 1).to(z.dtype)
-    # 1.5-entmax on u = z/2 (Peters, Niculae & Martins, 2019, Algorithm 2).
-    u = zs.mul_(0.5)
+    # 1.5-entmax on u = z/2 (Peters, Niculae & Martins, 2019, Algorithm 2). Entries below -4
+    # never reach the support; clamping keeps -inf out of the sums.
+    u = z.clamp_min(-4.0).sort(-1, descending=True).values.mul_(0.5)
     mean = u.cumsum(-1).div_(rho)
     var = (u * u).cumsum(-1).div_(rho).sub_(mean * mean)
     tau = mean.sub_(var.neg_().add_(1 / rho).clamp_min_(0).sqrt_())
@@ -306,7 +312,7 @@ def _solve(x: Tensor, alpha: float | Tensor, m: Tensor | None, part: Tensor | No
     width = _width(alpha)
     if n <= _SORT_MAX and not tensor_alpha:
         c = x if m is None else x - m
-        t, k = _sorted_threshold(c, alpha)
+        t, k = _sorted_threshold(c, alpha, size=m is None)  # the top level needs no size
         return t, t, _probs(c, t, alpha, out=c if c is not x else None), k, None
     b = _gather_block(n)
     flat = k_sub = None
@@ -468,57 +474,60 @@ class _EntmaxFunction(torch.autograd.Function):
         return gx, ga
 
 
-# torch.compile sees the map as one opaque operator (the data-dependent loops above cannot be
-# traced), so that compiled graphs run the same exact code and fullgraph=True holds. Its
-# backward recomputes from the full output, as gathered blocks have data-dependent shapes.
-# alpha is passed as a tensor; kind says which map: 2 sparsemax, 1 1.5-entmax, 0 tensor alpha.
-def _alpha_of(alpha: Tensor, kind: int) -> float | Tensor:
-    return {2: 2.0, 1: 1.5}.get(kind, alpha)
+# torch.compile sees each map as one opaque operator (the data-dependent loops above cannot be
+# traced), so that compiled graphs run the same exact code and fullgraph=True holds. The
+# operator takes the input with `dim` moved last and reshapes it to rows itself: a reshape by
+# groups in the traced graph compiles to slow code under dynamic shapes. Its backward
+# recomputes from the full output (gathered blocks have data-dependent shapes). alpha is a
+# tensor here: [..., 1] (one per slice), or 0-d for kind 2 (sparsemax) and 1 (1.5-entmax).
+def _op_rows(x: Tensor, alpha: Tensor, kind: int, groups: int):
+    rows = x.reshape(-1, x.shape[-1] // groups)
+    if kind == 2 or kind == 1:
+        return rows, 2.0 if kind == 2 else 1.5
+    return rows, alpha.expand(*x.shape[:-1], groups).reshape(-1, 1)
 
 
-@torch.library.custom_op("sae::entmax_rows", mutates_args=())
-def _compiled_rows(x: Tensor, alpha: Tensor, kind: int) -> Tensor:
-    return _rows_forward(x, _alpha_of(alpha, kind))[0]
+@torch.library.custom_op("sae::entmax", mutates_args=())
+def _entmax_op(x: Tensor, alpha: Tensor, kind: int, groups: int) -> Tensor:
+    rows, a = _op_rows(x, alpha, kind, groups)
+    return _rows_forward(rows, a)[0].view(x.shape)
 
 
-@_compiled_rows.register_fake
-def _(x: Tensor, alpha: Tensor, kind: int) -> Tensor:
-    return torch.empty_like(x)
+@_entmax_op.register_fake
+def _(x: Tensor, alpha: Tensor, kind: int, groups: int) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("sae::entmax_rows_backward", mutates_args=())
-def _compiled_rows_backward(
-    y: Tensor, g: Tensor, alpha: Tensor, kind: int
+@torch.library.custom_op("sae::entmax_backward", mutates_args=())
+def _entmax_op_backward(
+    y: Tensor, g: Tensor, alpha: Tensor, kind: int, groups: int
 ) -> tuple[Tensor, Tensor]:
-    a = _alpha_of(alpha, kind)
-    ga = _grad_alpha(y, g, a) if kind == 0 else torch.zeros_like(alpha)
-    return _grad_x(y, g, a), ga  # NaN rows of y give NaN rows here, as in the eager backward
+    rows, a = _op_rows(y, alpha, kind, groups)
+    g_rows = g.reshape(rows.shape)
+    gx = _grad_x(rows, g_rows, a).view(y.shape)  # NaN rows of y give NaN rows, as in eager
+    if kind != 0:
+        return gx, torch.zeros_like(alpha)
+    ga = _grad_alpha(rows, g_rows, a).view(*y.shape[:-1], groups).sum(-1, keepdim=True)
+    return gx, ga
 
 
-@_compiled_rows_backward.register_fake
-def _(y: Tensor, g: Tensor, alpha: Tensor, kind: int) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(g), torch.empty_like(alpha)
+@_entmax_op_backward.register_fake
+def _(y: Tensor, g: Tensor, alpha: Tensor, kind: int, groups: int) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(y), torch.empty_like(alpha)
 
 
-def _compiled_setup(ctx, inputs, output) -> None:
+def _op_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(output, inputs[1])
-    ctx.kind = inputs[2]
+    ctx.kind, ctx.groups = inputs[2], inputs[3]
 
 
-def _compiled_backward(ctx, g: Tensor):
+def _op_backward(ctx, g: Tensor):
     y, alpha = ctx.saved_tensors
-    gx, ga = _compiled_rows_backward(y, g, alpha, ctx.kind)
-    return gx, (ga if ctx.kind == 0 else None), None
+    gx, ga = _entmax_op_backward(y, g, alpha, ctx.kind, ctx.groups)
+    return gx, (ga if ctx.kind == 0 else None), None, None
 
 
-_compiled_rows.register_autograd(_compiled_backward, setup_context=_compiled_setup)
-
-
-def _apply_rows(rows: Tensor, alpha: float | Tensor) -> Tensor:
-    if torch.compiler.is_compiling():
-        kind = 0 if isinstance(alpha, Tensor) else (2 if alpha == 2.0 else 1)
-        return _compiled_rows(rows, alpha if kind == 0 else rows.new_tensor(alpha), kind)
-    return _EntmaxFunction.apply(rows, alpha)
+_entmax_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
 # --------------------------------------------------------------------------- public API
@@ -541,19 +550,25 @@ def _entmax(x: Tensor, alpha: float | Tensor, dim: int, groups: int, name: str) 
         )
     if x.numel() == 0:
         return x.clone()
-    if x.dim() == 2 and groups == 1 and dim in (-1, 1) and not isinstance(alpha, Tensor):
-        if x.dtype in (torch.float32, torch.float64):  # the common case: rows as they are
-            return _apply_rows(x, alpha)
+    tensor_alpha = isinstance(alpha, Tensor)
+    fast = x.dim() == 2 and groups == 1 and dim in (-1, 1) and not tensor_alpha
+    if fast and x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
+        return _EntmaxFunction.apply(x, alpha)  # the common case: rows as they are
     work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    xm = x.movedim(dim, -1)
-    rows = xm.reshape(-1, size // groups).to(work)  # a view in the common case
-    if isinstance(alpha, Tensor):
-        # One alpha per slice along dim (shared by its groups): broadcast, then one per row.
+    xm = x.movedim(dim, -1).to(work)
+    if tensor_alpha:
+        # One alpha per slice along dim, shared by its groups.
         shape = list(x.shape)
         shape[dim] = 1
-        a = alpha.to(device=x.device, dtype=work).expand(shape).movedim(dim, -1)
-        alpha = a.expand(*a.shape[:-1], groups).reshape(-1, 1)
-    y = _apply_rows(rows, alpha)
+        alpha = alpha.to(device=x.device, dtype=work).expand(shape).movedim(dim, -1)
+    if torch.compiler.is_compiling():
+        kind = 0 if tensor_alpha else (2 if alpha == 2.0 else 1)
+        a = alpha if tensor_alpha else xm.new_tensor(alpha)
+        return _entmax_op(xm, a, kind, groups).movedim(-1, dim).to(x.dtype)
+    rows = xm.reshape(-1, size // groups)  # a view in the common case
+    if tensor_alpha:
+        alpha = alpha.expand(*alpha.shape[:-1], groups).reshape(-1, 1)
+    y = _EntmaxFunction.apply(rows, alpha)
     return y.view(xm.shape).movedim(-1, dim).to(x.dtype)
 
 
@@ -615,9 +630,8 @@ def entmax_alpha(x: Tensor, alpha: float | Tensor, dim: int = -1, groups: int = 
             ``x.shape[dim]`` replaced by 1: one alpha per slice, shared by its groups) that may
             require grad. A python float equal to 2 or 1.5 takes the exact sparsemax / 1.5-entmax
             path; other values and tensors are solved to machine precision and renormalised.
-            Tensor entries <= 1 or non-finite are treated like bad data: those rows are NaN
-            (nothing raises, no synchronisation is needed); :class:`EntmaxAlpha` keeps alpha
-            above 1 by construction.
+            Tensor entries <= 1 or non-finite are treated like bad data: those rows are NaN,
+            nothing raises; :class:`EntmaxAlpha` keeps alpha above 1 by construction.
         dim, groups: as for :func:`sparsemax`.
     """
     if not isinstance(alpha, Tensor):

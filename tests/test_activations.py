@@ -41,11 +41,11 @@ def ref_entmax15(x: torch.Tensor) -> torch.Tensor:
 
 
 def ref_entmax_alpha(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    """alpha-entmax by 200 bisection steps on the threshold, over the last dim."""
+    """alpha-entmax by 64 bisection steps on the threshold (to 2^-64), over the last dim."""
     z = (alpha - 1) * (x - x.amax(-1, keepdim=True))
     lo = torch.full_like(z[..., :1], -1.0)
     hi = torch.zeros_like(lo)
-    for _ in range(200):
+    for _ in range(64):
         mid = (lo + hi) / 2
         ok = (z - mid).clamp_min(0).pow(1 / (alpha - 1)).sum(-1, keepdim=True) >= 1
         lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
@@ -84,7 +84,7 @@ def rand(*shape, scale=1.0, seed=0, dtype=F64):
 @pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
 def test_matches_float64_reference(name, n, scale):
     fn, ref = MAPS[name]
-    x = rand(12, n, scale=scale, seed=n)
+    x = rand(12 if n < 4096 else 4, n, scale=scale, seed=n)
     y, r = fn(x), ref(x)
     # rounding of x - t grows with |x|
     assert torch.allclose(y, r, rtol=0, atol=max(scale, 1) * (1e-12 if name != "alpha" else 1e-10))
@@ -214,7 +214,7 @@ def test_gradcheck_x(name, shape, dim, groups):
 def test_gradcheck_gathered_path(monkeypatch):
     monkeypatch.setattr(A, "_GATHER_MIN", 64)
     for name in NAMES:
-        x = separated(name, (2, 128))
+        x = separated(name, (1, 128))
         assert torch.autograd.gradcheck(MAPS[name][0], (x,))
 
 
@@ -242,9 +242,9 @@ def test_sparsemax_backward_formula():
 
 # --------------------------------------------------------------------------- entmax package
 def test_agrees_with_entmax_package():
-    for n, scale in [(10, 1.0), (256, 0.1), (1024, 1.0), (4096, 3.0)]:
+    for n, scale in [(10, 1.0), (256, 0.1), (1024, 1.0), (2048, 3.0)]:
         for dtype in (F64, torch.float32):
-            x = rand(16, n, scale=scale, seed=n, dtype=dtype)
+            x = rand(8, n, scale=scale, seed=n, dtype=dtype)
             assert torch.allclose(sparsemax(x), entmax.sparsemax(x, -1), atol=1e-6)
             assert torch.allclose(entmax15(x), entmax.entmax15(x, -1), atol=1e-6)
             a = torch.tensor(1.7, dtype=dtype)
