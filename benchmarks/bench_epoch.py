@@ -115,6 +115,8 @@ def main() -> None:
         times["lightning l1 (relu)"] += lightning_epochs(dm, "l1", args.hidden, args.epochs)[1:]
         runs["without figures"].append(whole_run_seconds(dm, args.hidden, args.epochs, False))
         runs["with figures"].append(whole_run_seconds(dm, args.hidden, args.epochs, True))
+        print("block:", {k: [round(t, 2) for t in v] for k, v in {**times, **runs}.items()},
+              flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"threads={args.threads} hidden={args.hidden} batch=256 "
           f"train images={len(dm.train_x)} epochs/block={args.epochs} blocks={args.blocks}")
