@@ -4,8 +4,9 @@
 
 For 256 rows of float32 standard-normal scores (times --scale) and d in {16, 256, 1024, 4096,
 16384}, prints the median time of y = f(x); y.backward(g) for each map, and its ratio to
-torch.softmax. The maps are run in turn within every repetition, so a busy machine slows them
-alike and the ratios stay comparable even when the absolute times swing. CPU always (with
+torch.softmax. The maps run in turn within every repetition and the ratio is the median over
+repetitions of the ratio within one repetition, so that a busy machine, which slows the maps
+alike, moves the absolute times more than the ratios. CPU always (with
 torch.set_num_threads(--threads)); CUDA too when present.
 """
 
@@ -48,7 +49,8 @@ def maps() -> dict[str, Callable]:
 
 
 def time_all(fns: dict[str, Callable], x: torch.Tensor, g: torch.Tensor, budget: float):
-    """Median seconds of forward+backward per map, the maps interleaved in every repetition."""
+    """Per map: (median seconds of forward+backward, median ratio to the first map within a
+    repetition); and the number of repetitions. The maps run in turn in every repetition."""
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
 
     def once(f: Callable) -> float:
@@ -67,7 +69,11 @@ def time_all(fns: dict[str, Callable], x: torch.Tensor, g: torch.Tensor, budget:
     for _ in range(reps):
         for k, f in fns.items():
             times[k].append(once(f))
-    return {k: statistics.median(v) for k, v in times.items()}, reps + 1
+    base = next(iter(times.values()))
+    return {
+        k: (statistics.median(v), statistics.median(t / b for t, b in zip(v, base, strict=True)))
+        for k, v in times.items()
+    }, reps + 1
 
 
 def main() -> None:
@@ -95,8 +101,7 @@ def main() -> None:
             x.requires_grad_(True)
             g = torch.randn(args.rows, d, generator=gen).to(device)
             med, reps = time_all(fns, x, g, args.budget)
-            base = med["softmax"]
-            cells = [f"{1e3 * med[n]:9.3f} ({med[n] / base:5.1f}x)" for n in names]
+            cells = [f"{1e3 * med[n][0]:9.3f} ({med[n][1]:5.1f}x)" for n in names]
             print(f"{d:>6} {reps:>4} " + " ".join(f"{c:>19}" for c in cells), flush=True)
 
 

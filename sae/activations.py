@@ -170,6 +170,8 @@ def _michelot(c: Tensor, t: Tensor, k_prev: Tensor | None) -> tuple[Tensor, Tens
             break
         k_prev = k
         t = torch.addcdiv(t, r.sum(-1, keepdim=True).sub_(1), k)
+    else:  # out of passes (only if rounding made the support cycle): the map at the last t
+        torch.sub(c, t, out=r).relu_()
     return t, r, k
 
 
