@@ -489,47 +489,45 @@ def _op_rows(x: Tensor, alpha: Tensor, kind: int, groups: int):
     return rows, alpha.expand(*x.shape[:-1], groups).reshape(-1, 1)
 
 
-@torch.library.custom_op("sae::entmax", mutates_args=())
-def _entmax_op(x: Tensor, alpha: Tensor, kind: int, groups: int) -> Tensor:
-    rows, a = _op_rows(x, alpha, kind, groups)
-    return _rows_forward(rows, a)[0].view(x.shape)
+# torch.library.custom_op needs torch >= 2.4; older versions compile with a graph break here.
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+_entmax_op = None
+if hasattr(torch.library, "custom_op"):
+    @torch.library.custom_op("sae::entmax", mutates_args=())
+    def _entmax_op(x: Tensor, alpha: Tensor, kind: int, groups: int) -> Tensor:
+        rows, a = _op_rows(x, alpha, kind, groups)
+        return _rows_forward(rows, a)[0].view(x.shape)
 
+    @_entmax_op.register_fake
+    def _(x: Tensor, alpha: Tensor, kind: int, groups: int) -> Tensor:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-@_entmax_op.register_fake
-def _(x: Tensor, alpha: Tensor, kind: int, groups: int) -> Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    @torch.library.custom_op("sae::entmax_backward", mutates_args=())
+    def _entmax_op_backward(
+        y: Tensor, g: Tensor, alpha: Tensor, kind: int, groups: int
+    ) -> tuple[Tensor, Tensor]:
+        rows, a = _op_rows(y, alpha, kind, groups)
+        g_rows = g.reshape(rows.shape)
+        gx = _grad_x(rows, g_rows, a).view(y.shape)  # NaN rows of y give NaN rows, as in eager
+        if kind != 0:
+            return gx, torch.zeros_like(alpha)
+        ga = _grad_alpha(rows, g_rows, a).view(*y.shape[:-1], groups).sum(-1, keepdim=True)
+        return gx, ga
 
+    @_entmax_op_backward.register_fake
+    def _(y: Tensor, g: Tensor, alpha: Tensor, kind: int, groups: int) -> tuple[Tensor, Tensor]:
+        return torch.empty_like(y), torch.empty_like(alpha)
 
-@torch.library.custom_op("sae::entmax_backward", mutates_args=())
-def _entmax_op_backward(
-    y: Tensor, g: Tensor, alpha: Tensor, kind: int, groups: int
-) -> tuple[Tensor, Tensor]:
-    rows, a = _op_rows(y, alpha, kind, groups)
-    g_rows = g.reshape(rows.shape)
-    gx = _grad_x(rows, g_rows, a).view(y.shape)  # NaN rows of y give NaN rows, as in eager
-    if kind != 0:
-        return gx, torch.zeros_like(alpha)
-    ga = _grad_alpha(rows, g_rows, a).view(*y.shape[:-1], groups).sum(-1, keepdim=True)
-    return gx, ga
+    def _op_setup(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output, inputs[1])
+        ctx.kind, ctx.groups = inputs[2], inputs[3]
 
+    def _op_backward(ctx, g: Tensor):
+        y, alpha = ctx.saved_tensors
+        gx, ga = _entmax_op_backward(y, g, alpha, ctx.kind, ctx.groups)
+        return gx, (ga if ctx.kind == 0 else None), None, None
 
-@_entmax_op_backward.register_fake
-def _(y: Tensor, g: Tensor, alpha: Tensor, kind: int, groups: int) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(y), torch.empty_like(alpha)
-
-
-def _op_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(output, inputs[1])
-    ctx.kind, ctx.groups = inputs[2], inputs[3]
-
-
-def _op_backward(ctx, g: Tensor):
-    y, alpha = ctx.saved_tensors
-    gx, ga = _entmax_op_backward(y, g, alpha, ctx.kind, ctx.groups)
-    return gx, (ga if ctx.kind == 0 else None), None, None
-
-
-_entmax_op.register_autograd(_op_backward, setup_context=_op_setup)
+    _entmax_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
 # --------------------------------------------------------------------------- public API
@@ -554,7 +552,8 @@ def _entmax(x: Tensor, alpha: float | Tensor, dim: int, groups: int, name: str) 
         return x.clone()
     tensor_alpha = isinstance(alpha, Tensor)
     fast = x.dim() == 2 and groups == 1 and dim in (-1, 1) and not tensor_alpha
-    if fast and x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
+    compiling = _is_compiling() and _entmax_op is not None
+    if fast and x.dtype in (torch.float32, torch.float64) and not compiling:
         return _EntmaxFunction.apply(x, alpha)  # the common case: rows as they are
     work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     xm = x.movedim(dim, -1).to(work)
@@ -563,7 +562,7 @@ def _entmax(x: Tensor, alpha: float | Tensor, dim: int, groups: int, name: str) 
         shape = list(x.shape)
         shape[dim] = 1
         alpha = alpha.to(device=x.device, dtype=work).expand(shape).movedim(dim, -1)
-    if torch.compiler.is_compiling():
+    if compiling:
         kind = 0 if tensor_alpha else (2 if alpha == 2.0 else 1)
         a = alpha if tensor_alpha else xm.new_tensor(alpha)
         return _entmax_op(xm, a, kind, groups).movedim(-1, dim).to(x.dtype)

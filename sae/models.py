@@ -100,6 +100,8 @@ class SAEConfig:
              f"--k must be <= --hidden ({self.hidden}), got {self.k}")
         need(0 < self.rho < 1, f"--rho must be in (0, 1), got {self.rho}")
         need(math.isfinite(self.alpha) and self.alpha > 1, f"--alpha must be > 1, got {self.alpha}")
+        need(self.model != "entmax" or self.alpha_mode != "learn" or self.alpha > 1.001,
+             f"--alpha must be > 1.001 when learned (α = 1.001 + softplus), got {self.alpha}")
         need(self.alpha_mode in ("learn", "anneal", "fixed"),
              "--alpha-mode must be one of learn, anneal, fixed")
         need(self.alpha_mode != "anneal" or self.alpha <= 2,
