@@ -64,10 +64,12 @@ __all__ = [
     "probe_vs_l0",
     "reconstructions",
     "save_png",
+    "tile_mosaic",
     "sparsity_histogram",
     "training_curves",
 ]
 
+ATOM_GAP = 2  # pixels between decoder-atom tiles
 DPI = 150  # one resolution for every saved figure, so PNGs of different runs compare 1:1
 
 _DEAD_COLOUR = "#d62728"  # red: outside viridis, so a dead unit never looks like a rare one
@@ -190,6 +192,33 @@ def _drop_unused(fig: Figure, axes: np.ndarray, used: int) -> list[Axes]:
     for ax in flat[used:]:
         fig.delaxes(ax)
     return flat[:used]
+
+
+def tile_mosaic(tiles: np.ndarray, cols: int, gap: int = 1, band: int = 0) -> np.ndarray:
+    """Lay ``[k, h, w]`` tiles out row by row, ``cols`` per row, as one NaN-padded image.
+
+    Tile ``i`` sits at row ``i // cols``, column ``i % cols``; tiles are ``gap`` pixels apart and
+    each has ``band`` empty rows above it (room for a label). The result has shape
+    ``[rows * (band + h + gap) - gap, cols * (w + gap) - gap]``; every pixel outside a tile is
+    NaN. One image with k tiles draws far faster than k axes with one tile each.
+    """
+    tiles = np.asarray(tiles, dtype=float)
+    k, h, w = tiles.shape
+    cols = max(min(int(cols), k), 1)
+    rows = max(math.ceil(k / cols), 1)
+    pitch_y, pitch_x = band + h + gap, w + gap
+    out = np.full((rows * pitch_y - gap, cols * pitch_x - gap), np.nan)
+    for i, tile in enumerate(tiles):
+        y, x = (i // cols) * pitch_y + band, (i % cols) * pitch_x
+        out[y:y + h, x:x + w] = tile
+    return out
+
+
+def _tile_centre(i: int, cols: int, shape: tuple[int, int], gap: int, band: int):
+    """Data coordinates (x, y) of the centre of tile ``i``'s label band in a ``tile_mosaic``."""
+    h, w = shape
+    y0 = (i // cols) * (band + h + gap)
+    return (i % cols) * (w + gap) + (w - 1) / 2, y0 + (band - 1) / 2
 
 
 # --------------------------------------------------------------------------- sparsity histogram
@@ -464,22 +493,28 @@ def decoder_atoms(
     shape = _tile_shape(d, image_shape)
     order = np.argsort(-freq, kind="stable")[:k]
     rows, cols = _grid_shape(k)
-    tile_w = 1.15 if shape[0] > 1 else 3.0
-    fig = Figure(figsize=(max(cols * tile_w + 1.4, 4.0), rows * 1.3 + 0.9), layout="constrained")
+    strip = shape[0] == 1
+    band = 3 if strip else max(shape[0] // 3, 3)
+    tile_w = 3.0 if strip else 1.15
+    fig = Figure(figsize=(max(cols * tile_w + 1.4, 4.0), rows * (0.6 if strip else 1.3) + 0.9),
+                 layout="constrained")
     fig.suptitle(f"Decoder atoms: {k} most frequently firing of {h:,} units")
+    ax = fig.add_subplot()
     if k == 0:
-        _empty_note(fig.add_subplot(), "no units")
+        _empty_note(ax, "no units")
         return fig
-    axes = _drop_unused(fig, fig.subplots(rows, cols, squeeze=False), k)
-    cmap = mpl.colormaps["RdBu_r"]
-    for ax, j in zip(axes, order, strict=True):
-        atom = decoder[:, j]
-        scale = float(np.abs(atom).max()) or 1.0  # an all-zero atom stays white
-        ax.imshow(atom.reshape(shape), cmap=cmap, vmin=-scale, vmax=scale, aspect="equal")
-        _image_axes(ax)
-        ax.set_title(f"#{j}: {_percent(float(freq[j]))}", fontsize="x-small", pad=2)
-    bar = fig.colorbar(mpl.cm.ScalarMappable(Normalize(-1, 1), cmap), ax=axes, shrink=0.5,
-                       ticks=[-1, 0, 1])
+    atoms = decoder[:, order].T
+    scale = np.abs(atoms).max(1, keepdims=True)
+    atoms = atoms / np.where(scale > 0, scale, 1.0)  # an all-zero atom stays white
+    cmap = mpl.colormaps["RdBu_r"].with_extremes(bad="white")
+    mosaic = tile_mosaic(atoms.reshape(k, *shape), cols, gap=ATOM_GAP, band=band)
+    ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, aspect="equal")
+    _image_axes(ax)
+    ax.set_frame_on(False)
+    for i, j in enumerate(order):
+        ax.text(*_tile_centre(i, cols, shape, ATOM_GAP, band), f"#{j}: {_percent(float(freq[j]))}",
+                ha="center", va="center", fontsize="x-small")
+    bar = fig.colorbar(ax.images[0], ax=ax, shrink=0.5, ticks=[-1, 0, 1])
     bar.ax.set_yticklabels(["−max|w|", "0", "+max|w|"])
     bar.set_label("decoder weight\n(each tile scaled to its own max |w|)")
     fig.supxlabel("tile title: unit index and firing frequency", fontsize="small")
@@ -499,7 +534,7 @@ def reconstructions(
         n: show the first ``min(n, N)`` pairs; more than 8 pairs wrap into further row pairs
             (each input row directly above its output row) to keep the figure page-shaped.
 
-    Each reconstruction is labelled with its own mean squared error.
+    Each reconstruction is labelled, just above it, with its own mean squared error.
     """
     x = np.atleast_2d(np.asarray(x, dtype=float))
     x_hat = np.atleast_2d(np.asarray(x_hat, dtype=float))
@@ -509,34 +544,35 @@ def reconstructions(
     shape = _tile_shape(x.shape[1], image_shape)
     cols = min(max(k, 1), 8)
     pairs = math.ceil(k / cols) if k else 1
-    fig = Figure(figsize=(max(cols * 0.95 + 1.6, 4.0), pairs * 2.3 + 0.6), layout="constrained")
+    fig = Figure(figsize=(max(cols * 0.95 + 1.6, 5.5), pairs * 2.3 + 0.6), layout="constrained")
     fig.suptitle("Reconstructions: each input above its SAE output")
+    ax = fig.add_subplot()
     if k == 0:
-        _empty_note(fig.add_subplot(), "no samples")
+        _empty_note(ax, "no samples")
         return fig
     shown = np.concatenate([x[:k], x_hat[:k]])
     lo, hi = float(shown.min()), float(shown.max())
     hi = hi if hi > lo else lo + 1.0
-    grid = fig.subplots(2 * pairs, cols, squeeze=False)
-    im = None
-    for i in range(pairs * cols):
-        top, bottom = grid[2 * (i // cols), i % cols], grid[2 * (i // cols) + 1, i % cols]
-        if i >= k:
-            fig.delaxes(top)
-            fig.delaxes(bottom)
-            continue
-        im = top.imshow(x[i].reshape(shape), cmap="gray_r", vmin=lo, vmax=hi)
-        bottom.imshow(x_hat[i].reshape(shape), cmap="gray_r", vmin=lo, vmax=hi)
+    # Mosaic rows alternate inputs and outputs; padding cells (NaN) fill a short last row.
+    pad = np.full((pairs * cols - k, x.shape[1]), np.nan)
+    grid = np.concatenate([x[:k], pad]).reshape(pairs, cols, -1)
+    grid_hat = np.concatenate([x_hat[:k], pad]).reshape(pairs, cols, -1)
+    tiles = np.stack([grid, grid_hat], 1).reshape(2 * pairs * cols, *shape)
+    band = max(shape[0] // 3, 3)
+    cmap = mpl.colormaps["gray_r"].with_extremes(bad="white")
+    im = ax.imshow(tile_mosaic(tiles, cols, gap=1, band=band), cmap=cmap, vmin=lo, vmax=hi,
+                   aspect="equal")
+    _image_axes(ax)
+    ax.set_frame_on(False)
+    for i in range(k):
+        cell = (2 * (i // cols) + 1) * cols + i % cols  # the output tile of pair i
         mse = float(np.mean((x[i] - x_hat[i]) ** 2))
-        # Below the output tile, so each input/output pair reads as one block.
-        bottom.set_xlabel(f"MSE {mse:.2g}", fontsize="x-small", labelpad=2)
-        for ax in (top, bottom):
-            _image_axes(ax)
-        if i % cols == 0:
-            top.set_ylabel("input")
-            bottom.set_ylabel("output")
-    fig.colorbar(im, ax=[ax for ax in fig.axes if ax.images], shrink=0.7,
-                 label="pixel value")
+        ax.text(*_tile_centre(cell, cols, shape, 1, band), f"MSE {mse:.2g}",
+                ha="center", va="center", fontsize="x-small")
+    pitch = band + shape[0] + 1
+    centres = [r * pitch + band + (shape[0] - 1) / 2 for r in range(2 * pairs)]
+    ax.set_yticks(centres, ["input", "output"] * pairs)
+    fig.colorbar(im, ax=ax, shrink=0.7, label="pixel value")
     return fig
 
 

@@ -139,31 +139,59 @@ def test_feature_density_counts_dead_units(freq):
 # --------------------------------------------------------------------------- decoder atoms
 
 
+def mosaic_of(fig: Figure) -> np.ndarray:
+    """The one image of a tile figure, with gaps (masked or NaN) as NaN."""
+    (ax,) = image_axes(fig)
+    return np.ma.filled(np.ma.masked_invalid(ax.images[0].get_array()).astype(float), np.nan)
+
+
+def test_tile_mosaic_places_tiles_row_by_row_with_nan_gaps():
+    tiles = np.arange(5 * 2 * 3, dtype=float).reshape(5, 2, 3)
+    out = F.tile_mosaic(tiles, cols=2, gap=1, band=2)
+    assert out.shape == (3 * (2 + 2 + 1) - 1, 2 * (3 + 1) - 1)
+    for i, tile in enumerate(tiles):
+        y, x = (i // 2) * 5 + 2, (i % 2) * 4
+        assert np.array_equal(out[y:y + 2, x:x + 3], tile)
+    assert np.isnan(out).sum() == out.size - tiles.size  # everything else is background
+    assert np.array_equal(F.tile_mosaic(tiles[:1], cols=8), tiles[0])  # one tile, no padding
+
+
 @pytest.mark.parametrize(("h", "n", "tiles"), [(30, 9, 9), (5, 64, 5), (1, 64, 1)])
 def test_decoder_atoms_tile_count(rng, h, n, tiles):
     fig = F.decoder_atoms(rng.normal(size=(D, h)), rng.uniform(size=h), n=n, image_shape=SHAPE)
-    assert len(image_axes(fig)) == tiles
+    labels = [t.get_text() for t in image_axes(fig)[0].texts]
+    assert len(labels) == tiles and all(label.startswith("#") for label in labels)
+    assert np.isfinite(mosaic_of(fig)).sum() == tiles * D
     assert fig.get_suptitle()
     render(fig)
 
 
 def test_decoder_atoms_most_used_first_and_symmetric_scale(rng):
     dec = rng.normal(size=(D, 6))
+    dec[:, 4] = 0.0  # an all-zero atom stays 0 (white), not NaN
     freq = np.array([0.1, 0.0, 0.5, 0.3, 0.2, 0.05])
     fig = F.decoder_atoms(dec, freq, n=4, image_shape=SHAPE)
-    tiles = image_axes(fig)
-    assert [ax.get_title().split(":")[0] for ax in tiles] == ["#2", "#3", "#4", "#0"]
-    assert tiles[0].get_title() == "#2: 50%"
-    for ax, j in zip(tiles, [2, 3, 4, 0], strict=True):
-        lo, hi = ax.images[0].get_clim()
-        assert lo == -hi == pytest.approx(-np.abs(dec[:, j]).max())
-    colour_bars = [ax for ax in fig.axes if not ax.images]
+    (ax,) = image_axes(fig)
+    assert [t.get_text() for t in ax.texts] == ["#2: 50%", "#3: 30%", "#4: 20%", "#0: 10%"]
+    assert ax.images[0].get_clim() == (-1, 1)
+    # each tile is its atom divided by its own max |w|, laid out most frequent first
+    expected = [dec[:, j] / (np.abs(dec[:, j]).max() or 1.0) for j in (2, 3, 4, 0)]
+    cols = F._grid_shape(4)[1]
+    mosaic = mosaic_of(fig)
+    band = 3  # the label band of 8-pixel tiles: max(8 // 3, 3)
+    layout = F.tile_mosaic(np.reshape(expected, (4, *SHAPE)), cols, gap=F.ATOM_GAP, band=band)
+    assert layout.shape == mosaic.shape
+    np.testing.assert_allclose(mosaic, layout)
+    assert np.nanmax(np.abs(mosaic)) == pytest.approx(1.0)
+    colour_bars = [a for a in fig.axes if not a.images]
     assert len(colour_bars) == 1 and "max |w|" in colour_bars[0].get_ylabel()
 
 
 def test_decoder_atoms_odd_input_size_falls_back_to_a_strip(rng):
     fig = F.decoder_atoms(rng.normal(size=(10, 3)), np.ones(3), image_shape=(28, 28))
-    assert image_axes(fig)[0].images[0].get_array().shape == (1, 10)
+    mosaic = mosaic_of(fig)
+    assert mosaic.shape[1] == 2 * (10 + F.ATOM_GAP) - F.ATOM_GAP  # 1 x 10 strips, 2 per row
+    assert np.isfinite(mosaic).sum() == 30
     render(fig)
 
 
@@ -179,21 +207,31 @@ def test_decoder_atoms_rejects_mismatched_freq(rng):
 def test_reconstructions_pairs(rng, rows, n, pairs):
     x = rng.uniform(size=(rows, D))
     fig = F.reconstructions(x, x + 0.1, image_shape=SHAPE, n=n)
-    tiles = image_axes(fig)
-    assert len(tiles) == 2 * pairs
-    assert tiles[0].get_ylabel() == "input"
+    (ax,) = image_axes(fig)
+    assert np.isfinite(mosaic_of(fig)).sum() == 2 * pairs * D
+    assert [t.get_text().split()[0] for t in ax.texts] == ["MSE"] * pairs
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["input", "output"]
     assert fig.get_suptitle()
     render(fig)
 
 
 def test_reconstructions_inputs_sit_above_outputs(rng):
-    x = rng.uniform(size=(2, D))
-    fig = F.reconstructions(x, np.zeros_like(x), image_shape=SHAPE)
-    tiles = image_axes(fig)
-    tops = [ax.get_position().y0 for ax in tiles if ax.get_ylabel() == "input"]
-    bottoms = [ax.get_position().y0 for ax in tiles if ax.get_ylabel() == "output"]
-    assert tops and bottoms and min(tops) > max(bottoms)
-    assert np.array_equal(tiles[0].images[0].get_array(), x[0].reshape(SHAPE))
+    x = rng.uniform(size=(10, D))
+    x_hat = -rng.uniform(size=(10, D))  # negative: outputs are told apart from inputs by sign
+    fig = F.reconstructions(x, x_hat, image_shape=SHAPE)
+    mosaic = mosaic_of(fig)
+    band = 3  # the label band of 8-pixel tiles: max(8 // 3, 3)
+    pitch = band + SHAPE[0] + 1
+    # 8 pairs per row: row pair p holds inputs 8p.. in mosaic row 2p and outputs in row 2p + 1
+    for i in range(10):
+        y_in, y_out = (2 * (i // 8)) * pitch + band, (2 * (i // 8) + 1) * pitch + band
+        x0 = (i % 8) * (SHAPE[1] + 1)
+        np.testing.assert_array_equal(mosaic[y_in:y_in + 8, x0:x0 + 8], x[i].reshape(SHAPE))
+        np.testing.assert_array_equal(mosaic[y_out:y_out + 8, x0:x0 + 8],
+                                      x_hat[i].reshape(SHAPE))
+    assert np.isfinite(mosaic).sum() == 2 * 10 * D  # the short second row is padded with NaN
+    mse = [float(t.get_text().split()[1]) for t in image_axes(fig)[0].texts]
+    np.testing.assert_allclose(mse, ((x - x_hat) ** 2).mean(1), rtol=0.05)
 
 
 # --------------------------------------------------------------------------- training curves
@@ -289,7 +327,9 @@ def test_degenerate_inputs_still_give_a_titled_figure(make):
 def test_all_dead_is_stated():
     assert "9 dead (100.0%)" in F.activation_frequency_grid(np.zeros(H)).get_suptitle()
     assert "9 dead" in F.feature_density_histogram(np.zeros(H)).get_suptitle()
-    assert len(image_axes(F.decoder_atoms(np.zeros((D, H)), np.zeros(H), image_shape=SHAPE))) == H
+    atoms = F.decoder_atoms(np.zeros((D, H)), np.zeros(H), image_shape=SHAPE)
+    assert [t.get_text() for t in image_axes(atoms)[0].texts] == [f"#{j}: dead" for j in range(H)]
+    assert np.nansum(np.abs(mosaic_of(atoms))) == 0 and np.isfinite(mosaic_of(atoms)).sum() == H * D
 
 
 # --------------------------------------------------------------------------- output helpers
