@@ -244,20 +244,31 @@ class SparseAutoencoder(L.LightningModule):
         aux = self.extra_loss(x, x_hat, h, extras)
         if aux is not None:
             loss = loss + aux
-            self.log("train/aux", aux)
         with torch.no_grad():
             active = metrics.active(h, self.fire_threshold)
-            fired = active.any(0)
-            self.samples_since_fired.add_(len(x)).masked_fill_(fired, 0)
+            self.samples_since_fired.add_(len(x)).masked_fill_(active.any(0), 0)
             self.nonfinite_loss |= ~torch.isfinite(loss)
-            l0 = active.sum(-1).float().mean()
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/recon", recon)
-        self.log("train/penalty", penalty)
-        self.log("train/lambda", lam_t)
-        self.log("train/l0", l0, prog_bar=True)
-        self.log("train/dead_fraction", self.dead_mask(reduce=False).float().mean())
+        if self.logs_this_step():
+            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/recon", recon)
+            self.log("train/penalty", penalty)
+            self.log("train/lambda", lam_t)
+            self.log("train/l0", active.sum(-1).float().mean(), prog_bar=True)
+            self.log("train/dead_fraction", self.dead_mask(reduce=False).float().mean())
+            if aux is not None:
+                self.log("train/aux", aux)
         return loss
+
+    def logs_this_step(self) -> bool:
+        """Whether the trainer writes this training step's logged values.
+
+        Per-step values are only written every ``log_every_n_steps`` steps, and each ``self.log``
+        call costs about as much as a small SAE's forward pass, so the other steps skip them.
+        """
+        trainer = self._trainer
+        if trainer is None or trainer.fast_dev_run:
+            return True
+        return bool(getattr(trainer._logger_connector, "should_update_logs", True))
 
     def dead_mask(self, reduce: bool = True) -> Tensor:
         """Units that fired on none of the last ``dead_window`` training samples (all ranks)."""
@@ -560,8 +571,9 @@ class EntmaxSAE(SparsemaxSAE):
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
-        alpha = self.current_alpha()
-        self.log("train/alpha", alpha.detach() if torch.is_tensor(alpha) else float(alpha))
+        if self.logs_this_step():
+            alpha = self.current_alpha()
+            self.log("train/alpha", alpha.detach() if torch.is_tensor(alpha) else float(alpha))
         return loss
 
 
