@@ -103,7 +103,9 @@ FIGURE_FILES = {
 
 
 LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed). MSE and FVU "
-          "(fraction of variance unexplained) on the test set; L0: active units per test input; "
+          "(fraction of variance unexplained) on the test set; FVU at L0: the FVU when only the "
+          "units counted in L0 reconstruct (differs from FVU only for the KL-SAE, whose sigmoid "
+          "units below the firing threshold still reconstruct); L0: active units per test input; "
           "dead: units that never fire on the test set; probe: linear classifier trained on "
           "train-set codes, scored on test-set codes; train time: wall-clock seconds of "
           "training.")
@@ -736,7 +738,8 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, float],
                                                                    raw.get(dataset))), ""]
         kl = kl_display(matched, dataset)
         parts += [f"### {dataset}: vs KL-SAE at the nearest mean L0", "",
-                  "Δ FVU < 0 and Δ probe > 0 favour the model over the KL-SAE.", "",
+                  "Δ FVU < 0 and Δ probe > 0 favour the model over the KL-SAE. Δ FVU at L0 "
+                  "compares the KL-SAE at the sparsity its L0 states.", "",
                   to_markdown(kl) if len(kl) else "No non-KL configurations.", ""]
     return "\n".join(parts)
 
@@ -756,7 +759,8 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs:
         body += [f'<h2 id="{_esc(dataset)}">{_esc(dataset)}</h2>',
                  to_html(summary_display(summary, dataset, raw.get(dataset))),
                  "<h3>vs KL-SAE at the nearest mean L0</h3>",
-                 "<p class=\"sub\">Δ FVU &lt; 0 and Δ probe &gt; 0 favour the model.</p>",
+                 "<p class=\"sub\">Δ FVU &lt; 0 and Δ probe &gt; 0 favour the model. Δ FVU at L0 "
+                 "compares the KL-SAE at the sparsity its L0 states.</p>",
                  to_html(kl) if len(kl) else "<p>No non-KL configurations.</p>"]
     body.append('<h2 id="figures">Figures</h2>')
     for name, caption in FIGURE_FILES.items():

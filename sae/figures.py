@@ -731,6 +731,25 @@ def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str, colours: dict[str, 
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 
+def _fvu_at_l0_lines(ax: Axes, part: pd.DataFrame, colours: dict[str, str]) -> None:
+    """Dashed, hollow-marker lines of ``fvu_at_l0`` for models where it differs from ``fvu``.
+
+    Only units that L0 counts reconstruct in ``fvu_at_l0``; models with exact zeros have the
+    same value, while a KL-SAE's sub-threshold sigmoid units also reconstruct in ``fvu``.
+    """
+    if "fvu_at_l0_mean" not in part:
+        return
+    for model, rows in part.groupby("model", sort=False):
+        rows = rows.dropna(subset=["fvu_at_l0_mean"]).sort_values("l0_mean_mean")
+        gap = (rows["fvu_at_l0_mean"] - rows["fvu_mean"]).abs()
+        if rows.empty or not (gap > 1e-6).any():
+            continue
+        ax.errorbar(rows["l0_mean_mean"], rows["fvu_at_l0_mean"],
+                    yerr=_nan_to_zero(rows["fvu_at_l0_std"]), color=colours[model], marker="o",
+                    mfc="white", ms=4, lw=1.0, ls="--", capsize=2,
+                    label=f"{model}: only units counted in L0")
+
+
 @_styled
 def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
     """Reconstruction against sparsity: mean FVU over mean L0, one line per model.
@@ -742,7 +761,9 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
 
     One panel per dataset. Each point is labelled with its λ or k; the dashed grey line is the
     Pareto frontier over all configurations (no other configuration has both fewer active units
-    and lower FVU). L0 is on a log axis when every mean L0 is positive.
+    and lower FVU). L0 is on a log axis when every mean L0 is positive. With ``fvu_at_l0_mean``
+    (and ``_std``) columns, a model whose FVU changes when only the units counted in L0
+    reconstruct (the KL-SAE) also gets a dashed line of hollow points at that FVU.
     """
     data = summary.dropna(subset=["l0_mean_mean", "fvu_mean"])
     datasets = list(dict.fromkeys(summary["dataset"]))
@@ -760,6 +781,7 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
             _empty_note(ax, "no finished runs")
             continue
         _metric_vs_l0(ax, part, "fvu", colours)
+        _fvu_at_l0_lines(ax, part, colours)
         front = part.iloc[_pareto_front(part["l0_mean_mean"].to_numpy(float),
                                         part["fvu_mean"].to_numpy(float))]
         ax.plot(front["l0_mean_mean"], front["fvu_mean"], color="0.4", ls="--", lw=1.0,

@@ -9,6 +9,10 @@ is derived from it:
   spread measured") rather than a misleading 0;
 - :func:`match_kl` sets each non-KL configuration beside the KL-SAE configuration of the same
   dataset whose mean L0 is nearest (absolute difference; a tie goes to the smaller λ);
+- ``fvu_at_l0`` is the FVU of the reconstruction from only the units that L0 counts (sae.run's
+  metrics.json). It equals ``fvu`` for every model with exact zeros; a KL-SAE's sigmoid units
+  below the firing threshold still add to its reconstruction, so its L0 understates how many
+  units its ``fvu`` uses, and ``fvu_at_l0`` is the fair number to set beside the others' L0;
 - :func:`summary_display` / :func:`kl_display` turn those into tables of text, which
   :func:`to_markdown` and :func:`to_html` render.
 """
@@ -43,16 +47,16 @@ CONFIG_KEYS = ["dataset", "model", "kind", "param", "value"]
 RESULT_COLUMNS = [
     *CONFIG_KEYS, "seed",
     # final test metrics of the run (metrics.json)
-    "mse", "fvu", "explained_variance", "shrinkage", "l0_mean", "l0_std", "dead_fraction",
-    "dense_fraction", "n_samples", "n_units", "hidden", "lam", "fire_threshold", "alpha",
-    "steps", "epochs", "wall_time_s",
+    "mse", "fvu", "fvu_at_l0", "explained_variance", "shrinkage", "l0_mean", "l0_std",
+    "dead_fraction", "dense_fraction", "n_samples", "n_units", "hidden", "lam", "fire_threshold",
+    "alpha", "steps", "epochs", "wall_time_s",
     # analysis of the last checkpoint (analysis.json)
     "probe_accuracy", "probe_train_accuracy", "l0_ink_corr", "checkpoint_step",
     "run",  # run folder, relative to the sweep folder
 ]
 
-SUMMARY_METRICS = ["mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "probe_accuracy",
-                   "l0_ink_corr", "wall_time_s"]
+SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
+                   "probe_accuracy", "l0_ink_corr", "wall_time_s"]
 
 _NAN = float("nan")
 
@@ -104,24 +108,29 @@ def match_kl(summary: pd.DataFrame) -> pd.DataFrame:
     to the one listed first). Rows of datasets without any KL-SAE keep NaN in the KL columns.
 
     Returns:
-        One row per non-KL configuration: :data:`CONFIG_KEYS`, ``l0``, ``fvu``, ``probe``,
-        ``kl_model``, ``kl_value``, ``kl_l0``, ``kl_fvu``, ``kl_probe``, ``d_fvu`` (fvu − KL's;
-        negative is better) and ``d_probe`` (probe accuracy − KL's; positive is better).
+        One row per non-KL configuration: :data:`CONFIG_KEYS`, ``l0``, ``fvu``, ``fvu_at_l0``,
+        ``probe``, ``kl_model``, ``kl_value``, ``kl_l0``, ``kl_fvu``, ``kl_fvu_at_l0``,
+        ``kl_probe``, ``d_fvu`` (fvu − KL's; negative is better), ``d_fvu_at_l0`` (fvu at L0 −
+        KL's fvu at L0) and ``d_probe`` (probe accuracy − KL's; positive is better).
     """
-    columns = [*CONFIG_KEYS, "l0", "fvu", "probe", "kl_model", "kl_value", "kl_l0", "kl_fvu",
-               "kl_probe", "d_fvu", "d_probe"]
+    columns = [*CONFIG_KEYS, "l0", "fvu", "fvu_at_l0", "probe", "kl_model", "kl_value", "kl_l0",
+               "kl_fvu", "kl_fvu_at_l0", "kl_probe", "d_fvu", "d_fvu_at_l0", "d_probe"]
     rows = []
     for _, row in summary[summary["kind"] != "kl"].iterrows():
         kl = summary[(summary["kind"] == "kl") & (summary["dataset"] == row["dataset"])
                      & np.isfinite(summary["l0_mean_mean"].astype(float))]
         out = {k: row[k] for k in CONFIG_KEYS}
-        out.update(l0=row["l0_mean_mean"], fvu=row["fvu_mean"], probe=row["probe_accuracy_mean"])
+        out.update(l0=row["l0_mean_mean"], fvu=row["fvu_mean"], fvu_at_l0=row["fvu_at_l0_mean"],
+                   probe=row["probe_accuracy_mean"])
         if len(kl) and math.isfinite(row["l0_mean_mean"]):
             gap = (kl["l0_mean_mean"] - row["l0_mean_mean"]).abs()
             best = kl.assign(_gap=gap).sort_values(["_gap", "value"], kind="stable").iloc[0]
             out.update(kl_model=best["model"], kl_value=best["value"], kl_l0=best["l0_mean_mean"],
-                       kl_fvu=best["fvu_mean"], kl_probe=best["probe_accuracy_mean"])
-            out.update(d_fvu=out["fvu"] - out["kl_fvu"], d_probe=out["probe"] - out["kl_probe"])
+                       kl_fvu=best["fvu_mean"], kl_fvu_at_l0=best["fvu_at_l0_mean"],
+                       kl_probe=best["probe_accuracy_mean"])
+            out.update(d_fvu=out["fvu"] - out["kl_fvu"],
+                       d_fvu_at_l0=out["fvu_at_l0"] - out["kl_fvu_at_l0"],
+                       d_probe=out["probe"] - out["kl_probe"])
         rows.append(out)
     return pd.DataFrame(rows, columns=columns)
 
@@ -156,6 +165,7 @@ def _signed(x: float, fmt: str, scale: float = 1.0, unit: str = "") -> str:
 _SUMMARY_CELLS = {
     "MSE": ("mse", ".4g", 1.0, ""),
     "FVU": ("fvu", ".4f", 1.0, ""),
+    "FVU at L0": ("fvu_at_l0", ".4f", 1.0, ""),
     "L0 mean": ("l0_mean", ".1f", 1.0, ""),
     "L0 std": ("l0_std", ".1f", 1.0, ""),
     "dead %": ("dead_fraction", ".1f", 100.0, ""),
@@ -198,10 +208,11 @@ def kl_display(matched: pd.DataFrame, dataset: str) -> pd.DataFrame:
                        if has_kl else "no KL-SAE run"),
             "KL L0": _pm(row["kl_l0"], _NAN, ".1f"),
             "Δ FVU": _signed(row["d_fvu"], ".4f"),
+            "Δ FVU at L0": _signed(row["d_fvu_at_l0"], ".4f"),
             "Δ probe acc. (points)": _signed(row["d_probe"], ".2f", 100.0),
         })
     return pd.DataFrame(rows, columns=["model", "λ / k", "L0", "KL-SAE", "KL L0", "Δ FVU",
-                                       "Δ probe acc. (points)"])
+                                       "Δ FVU at L0", "Δ probe acc. (points)"])
 
 
 def _is_number_text(text: str) -> bool:

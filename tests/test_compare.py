@@ -241,7 +241,9 @@ def results(rows):
                          "probe_accuracy"], r, strict=True)) for r in rows]
     for r in records:
         r.update(mse=r["fvu"] / 10, l0_std=1.0, dead_fraction=0.1, wall_time_s=60.0,
-                 l0_ink_corr=0.5)
+                 l0_ink_corr=0.5,
+                 # like a KL-SAE, whose sub-threshold units also reconstruct
+                 fvu_at_l0=r["fvu"] + (0.5 if r["kind"] == "kl" else 0.0))
     return tables.results_frame(records)
 
 
@@ -293,6 +295,8 @@ def test_match_kl_nearest_l0_and_deltas():
     assert len(m) == 2 and "kl" not in m.index
     assert m.loc["l1", "kl_value"] == 0.1 and m.loc["l1", "kl_l0"] == 10
     assert m.loc["l1", "d_fvu"] == pytest.approx(-0.1)
+    assert m.loc["l1", "kl_fvu_at_l0"] == pytest.approx(0.8)
+    assert m.loc["l1", "d_fvu_at_l0"] == pytest.approx(-0.6)
     assert m.loc["l1", "d_probe"] == pytest.approx(0.05)
     assert m.loc["topk", "kl_value"] == 1.0 and m.loc["topk", "d_fvu"] == pytest.approx(-0.4)
 
@@ -330,6 +334,7 @@ def test_summary_display_and_markdown():
     assert shown.loc[0, "λ / k"] == "λ = 0.01" and shown.loc[1, "λ / k"] == "k = 32"
     assert shown.loc[0, "FVU"] == "0.3000 ± 0.1414"
     assert shown.loc[1, "FVU"] == "0.1000"  # one seed: no ± part
+    assert shown.loc[1, "FVU at L0"] == "0.1000"
     assert shown.loc[2, "probe acc. %"] == "92.60"
     md = tables.to_markdown(shown).splitlines()
     assert md[0].startswith("| model | λ / k |") and set(md[1]) <= set("|-:")
@@ -366,6 +371,10 @@ def test_comparison_plots_render():
             figures.l0_distributions(l0), figures.class_l0_heatmap(per_class),
             figures.l0_ink_correlation(corr)]
     assert [len([a for a in made[0].axes if a.get_title()]), len(made[1].axes)] == [2, 2]
+    legend = [t.get_text() for t in made[0].axes[0].get_legend().get_texts()]
+    # only the KL-SAE's FVU changes when just the units counted in L0 reconstruct
+    assert "kl: only units counted in L0" in legend
+    assert not any(label.startswith("l1:") for label in legend)
     assert len(made[2].axes) == 3  # one panel per dataset x model
     text = " ".join(t.get_text() for t in made[4].findobj(lambda o: hasattr(o, "get_text")))
     assert "undefined" in text  # TopK's constant L0
