@@ -64,6 +64,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sae import kernels
+
 __all__ = [
     "sparsemax",
     "entmax15",
@@ -462,6 +464,11 @@ class _EntmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, alpha: float | Tensor) -> Tensor:
+        ctx.kernel = not isinstance(alpha, Tensor) and alpha == 2.0 and kernels.available(x)
+        if ctx.kernel:  # compiled CPU rows (sae.kernels): same result, a fraction of the time
+            out = kernels.sparsemax_forward(x.contiguous())
+            ctx.save_for_backward(out)
+            return out
         out, (p, flat, good, alpha) = _rows_forward(x, alpha)  # alpha of the good rows
         tensor_alpha = isinstance(alpha, Tensor)
         ctx.save_for_backward(p, flat, good, alpha if tensor_alpha else None)
@@ -470,6 +477,9 @@ class _EntmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
+        if ctx.kernel:
+            (y,) = ctx.saved_tensors
+            return kernels.sparsemax_backward(y, g), None
         y, flat, good, alpha_t = ctx.saved_tensors
         alpha = ctx.alpha if alpha_t is None else alpha_t
         gx, ga = _rows_backward(g, alpha, y, flat, good, ctx.needs_input_grad[1])

@@ -12,9 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sae import activations as A
+from sae import kernels
 from sae.activations import Entmax15, EntmaxAlpha, Sparsemax, entmax15, entmax_alpha, sparsemax
 
 F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, params=["kernels", "tensor-ops"])
+def sparsemax_path(request, monkeypatch):
+    """Every test runs twice: with the compiled CPU sparsemax kernels (sae.kernels) and with the
+    tensor-op path that CUDA, torch.compile and machines without numba use."""
+    if request.param == "tensor-ops":
+        monkeypatch.setattr(kernels, "_ENABLED", False)
+    return request.param
 
 
 # --------------------------------------------------------------------------- references
@@ -447,3 +457,50 @@ def test_cuda_matches_cpu():
             y = fn(xc)
             y.nansum().backward()
             assert torch.allclose(y.cpu(), fn(x), atol=1e-6, equal_nan=True), name
+
+
+# --------------------------------------------------------------------------- compiled kernels
+def test_kernels_are_used_on_cpu_rows(sparsemax_path):
+    x = torch.randn(4, 300)
+    assert kernels.available(x) == (sparsemax_path == "kernels")
+    assert not kernels.available(torch.randn(4, kernels.MAX_WIDTH + 1))
+    assert not kernels.available(torch.randn(4, 300, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 50.0, 1e12])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_kernels_equal_the_tensor_op_path(monkeypatch, scale, dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(64, 700, dtype=dtype) * scale).requires_grad_()
+    x.data[3, 5] = math.inf
+    x.data[7, :] = -math.inf
+    x.data[9, ::2] = -math.inf
+    g = torch.randn(64, 700, dtype=dtype)
+    y_k = sparsemax(x)
+    (gx_k,) = torch.autograd.grad(y_k, x, g)
+    monkeypatch.setattr(kernels, "_ENABLED", False)
+    y_t = sparsemax(x)
+    (gx_t,) = torch.autograd.grad(y_t, x, g)
+    assert torch.equal(y_k > 0, y_t > 0)  # the same supports
+    assert torch.equal(y_k.isnan(), y_t.isnan()) and y_k[3].isnan().all()
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(y_k, y_t, atol=tol, rtol=0, equal_nan=True)
+    torch.testing.assert_close(gx_k, gx_t, atol=tol * 10, rtol=0, equal_nan=True)
+
+
+def test_kernels_split_rows_across_threads_without_changing_results():
+    torch.manual_seed(0)
+    x = torch.randn(301, 512)  # enough entries to split, rows not a multiple of the threads
+    g = torch.randn_like(x)
+    before = torch.get_num_threads()
+    results = {}
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            y = kernels.sparsemax_forward(x)
+            results[threads] = (y, kernels.sparsemax_backward(y, g))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[1][0], results[3][0])
+    assert torch.equal(results[1][1], results[3][1])
+    torch.testing.assert_close(results[1][0].sum(-1), torch.ones(301))
