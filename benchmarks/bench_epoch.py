@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per block")
     parser.add_argument("--blocks", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--run-epochs", type=int, default=10,
-                        help="epochs of the whole runs with and without figures")
+                        help="epochs of the whole runs with and without figures (0: skip them)")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-dir", default=None)
@@ -116,8 +116,10 @@ def main() -> None:
         times["lightning sparsemax"] += lightning_epochs(
             dm, "sparsemax", args.hidden, args.epochs)[1:]
         times["lightning l1 (relu)"] += lightning_epochs(dm, "l1", args.hidden, args.epochs)[1:]
-        runs["without figures"].append(whole_run_seconds(dm, args.hidden, args.run_epochs, False))
-        runs["with figures"].append(whole_run_seconds(dm, args.hidden, args.run_epochs, True))
+        if args.run_epochs:
+            runs["without figures"].append(
+                whole_run_seconds(dm, args.hidden, args.run_epochs, False))
+            runs["with figures"].append(whole_run_seconds(dm, args.hidden, args.run_epochs, True))
         print("block:", {k: [round(t, 2) for t in v] for k, v in {**times, **runs}.items()},
               flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -130,6 +132,8 @@ def main() -> None:
           f"{med['lightning sparsemax'] / med['bare sparsemax']:.3f}  (target <= 1.15)")
     print(f"sparsemax / relu (lightning):         "
           f"{med['lightning sparsemax'] / med['lightning l1 (relu)']:.3f}  (target <= 1.15)")
+    if not args.run_epochs:
+        return
     run_med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"whole run {args.run_epochs} epochs + validation, median s: "
           f"without figures {run_med['without figures']:.2f}, "
