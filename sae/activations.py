@@ -48,6 +48,12 @@ Bad rows are left out of the computation, so the other rows and their gradients 
    by bisection where :math:`f` is not convex (:math:`\alpha > 2`), stop at rounding level and the
    output is renormalised.
 
+**Compiled CPU kernels.** On CPU, sparsemax of float32/float64 rows of up to
+``sae.kernels.MAX_WIDTH`` entries runs in compiled loops instead (:mod:`sae.kernels`, numba):
+the same exact threshold (Michelot's fixed point on the entries above max − 1), without the
+per-op overhead that dominates the tensor-op path on such rows. ``SAE_NO_KERNELS=1`` switches
+them off; the tests run every map on both paths.
+
 **torch.compile.** Each map is registered as an opaque operator (``torch.library.custom_op``,
 with its backward), so compiled graphs call the same exact code and ``fullgraph=True`` holds.
 

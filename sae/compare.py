@@ -1,6 +1,7 @@
 """python -m sae.compare: train a grid of SAEs, analyse each run, compare them in tables and plots.
 
     python -m sae.compare experiments/quick.yaml [--out DIR] [--jobs N] [--dry-run]
+                                                 [--publish DIR]
 
 Sweep file (YAML)::
 
@@ -43,6 +44,10 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
     comparison.md              mean ± std over seeds per configuration, "vs KL-SAE", raw pixels
     comparison.html            the same tables and the plots, one self-contained page
     fvu_vs_l0.png, probe_vs_l0.png, l0_distributions.png, class_l0.png, l0_ink_correlation.png
+
+``--publish DIR`` copies everything above but ``runs/``, ``logs/`` and ``raw_probe.json`` to DIR
+(the committed ``figures/compare/<preset>/`` folders are made this way). DIR must be new, empty
+or an earlier publication; a folder holding anything else is refused before any work.
 
 Each run trains through ``python -m sae.run ... --out <run folder>`` in a subprocess. A run with
 ``metrics.json`` is finished and never trained again (nor deleted); one with a checkpoint but no
@@ -845,12 +850,43 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--jobs", default="1", help="runs trained at the same time (default: 1)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the file and show what would run; train nothing, write nothing")
+    p.add_argument("--publish", default=None, metavar="DIR",
+                   help="also copy the tables, plots, comparison.html and sweep.yaml (no run "
+                        "folders) to DIR, e.g. figures/compare/mnist")
     args = p.parse_args(argv)
     if not args.jobs.isdigit() or int(args.jobs) < 1:
         raise UsageError(f"--jobs must be an integer >= 1, got {args.jobs!r}")
     args.jobs = int(args.jobs)
     args.out = Path(args.out) if args.out else Path("sweeps") / Path(args.sweep).stem
+    args.publish = Path(args.publish) if args.publish else None
     return args
+
+
+PUBLISHED = ("sweep.yaml", "results.csv", "comparison.md", "comparison.html", *FIGURE_FILES)
+
+
+def check_publish_dir(folder: Path) -> None:
+    """A --publish folder may be new, empty, or an earlier publication (only PUBLISHED files):
+    anything else in it is the user's, and is never overwritten."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--publish {folder} exists and is not a folder")
+    if folder.is_dir():
+        other = sorted(p.name for p in folder.iterdir() if p.name not in PUBLISHED)
+        if other:
+            raise UsageError(f"--publish {folder} holds files that are not a sweep's outputs "
+                             f"({other[0]}, ...); choose an empty or new folder")
+
+
+def publish(sweep_dir: Path, folder: Path) -> list[Path]:
+    """Copy the sweep's outputs (not its runs) to folder; returns the copies."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for name in PUBLISHED:
+        if (sweep_dir / name).is_file():
+            copies.append(Path(shutil.copyfile(sweep_dir / name, folder / name)))
+    return copies
 
 
 def _check_folders(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str]) -> None:
@@ -905,6 +941,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = plan(sweep)
         gpus = visible_gpus() if any(uses_gpu(r) for r in runs) else []
         _check_folders(args.out, runs, args.jobs, gpus)
+        if args.publish is not None:
+            check_publish_dir(args.publish)
         if args.dry_run:
             dry_run(args.out, runs, say)
             return 0
@@ -928,6 +966,8 @@ def main(argv: list[str] | None = None) -> int:
         written = write_outputs(args.out, sweep, runs, analyses)
         say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
             f" in {args.out}")
+        if args.publish is not None:
+            say(f"published {len(publish(args.out, args.publish))} files to {args.publish}")
     if failed:
         print(f"error: {failed} of {len(runs)} runs failed; see their logs in {args.out / 'logs'}",
               file=sys.stderr)

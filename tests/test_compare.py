@@ -147,6 +147,30 @@ def test_foreign_folder_is_never_touched(tmp_path, capsys):
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
 
+def test_publish_folder_with_other_files_is_refused_before_any_work(tmp_path, capsys):
+    sweep = write_yaml(tmp_path / "s.yaml", TINY)
+    mine = tmp_path / "pub"
+    mine.mkdir()
+    (mine / "paper.tex").write_text("mine")
+    rc = compare.main([str(sweep), "--out", str(tmp_path / "out"), "--publish", str(mine)])
+    assert "paper.tex" in one_line_error(rc, capsys.readouterr().err)
+    assert [p.name for p in mine.iterdir()] == ["paper.tex"] and not (tmp_path / "out").exists()
+
+
+def test_publish_copies_the_outputs_but_not_the_runs(tmp_path):
+    sweep = compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    (out / "sweep.yaml").write_text(sweep.text)
+    compare.write_outputs(out, sweep, compare.plan(sweep), {})
+    pub = tmp_path / "figures" / "compare"
+    copies = compare.publish(out, pub)
+    names = sorted(p.name for p in pub.iterdir())
+    assert names == sorted(p.name for p in copies) == sorted(compare.PUBLISHED)
+    assert (pub / "results.csv").read_bytes() == (out / "results.csv").read_bytes()
+    compare.check_publish_dir(pub)  # an earlier publication may be refreshed
+
+
 def test_dry_run_writes_nothing(tmp_path, capsys):
     sweep = write_yaml(tmp_path / "s.yaml", TINY)
     assert compare.main([str(sweep), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
