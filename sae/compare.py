@@ -96,8 +96,10 @@ RUNNER_KEYS = {"out", "resume", "overwrite", "config"}  # the runner sets these
 STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets these
 LIST_KEYS = {"devices"}  # settings whose value may be a list
 FIGURE_FILES = {
-    "fvu_vs_l0.png": "Reconstruction vs sparsity: FVU against mean L0 per model; the dashed "
-                     "line is the Pareto frontier over all configurations.",
+    "fvu_vs_l0.png": "Reconstruction vs sparsity: FVU against mean L0 per model; hollow points: "
+                     "the KL-SAE's FVU when only the units its L0 counts reconstruct; the "
+                     "dashed grey line is the Pareto frontier of FVU at L0 over all "
+                     "configurations.",
     "probe_vs_l0.png": "Linear-probe test accuracy of the codes against mean L0; the dashed "
                        "line is the same probe on raw pixels.",
     "l0_distributions.png": "Distribution of the number of active units per test input.",

@@ -759,11 +759,12 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
             ``value``, ``l0_mean_mean``, ``l0_mean_std``, ``fvu_mean``, ``fvu_std`` (means and
             standard deviations over seeds; NaN std = one seed, drawn without a bar).
 
-    One panel per dataset. Each point is labelled with its λ or k; the dashed grey line is the
-    Pareto frontier over all configurations (no other configuration has both fewer active units
-    and lower FVU). L0 is on a log axis when every mean L0 is positive. With ``fvu_at_l0_mean``
-    (and ``_std``) columns, a model whose FVU changes when only the units counted in L0
-    reconstruct (the KL-SAE) also gets a dashed line of hollow points at that FVU.
+    One panel per dataset. Each point is labelled with its λ or k. L0 is on a log axis when every
+    mean L0 is positive. With ``fvu_at_l0_mean`` (and ``_std``) columns, a model whose FVU
+    changes when only the units counted in L0 reconstruct (the KL-SAE) also gets a dashed line
+    of hollow points at that FVU. The dashed grey line is the Pareto frontier over all
+    configurations (no other configuration has both fewer active units and lower FVU), taken
+    over FVU at L0 where given: a KL-SAE's plain FVU also relies on units its L0 leaves out.
     """
     data = summary.dropna(subset=["l0_mean_mean", "fvu_mean"])
     datasets = list(dict.fromkeys(summary["dataset"]))
@@ -782,10 +783,13 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
             continue
         _metric_vs_l0(ax, part, "fvu", colours)
         _fvu_at_l0_lines(ax, part, colours)
-        front = part.iloc[_pareto_front(part["l0_mean_mean"].to_numpy(float),
-                                        part["fvu_mean"].to_numpy(float))]
-        ax.plot(front["l0_mean_mean"], front["fvu_mean"], color="0.4", ls="--", lw=1.0,
-                drawstyle="steps-post", zorder=0, label="Pareto frontier")
+        # The frontier is over FVU at the stated L0: a KL-SAE's plain FVU also uses units that
+        # its L0 does not count, so it would claim a sparsity it does not have.
+        fair = (part["fvu_at_l0_mean"].fillna(part["fvu_mean"]) if "fvu_at_l0_mean" in part
+                else part["fvu_mean"]).to_numpy(float)
+        order = _pareto_front(part["l0_mean_mean"].to_numpy(float), fair)
+        ax.plot(part["l0_mean_mean"].to_numpy(float)[order], fair[order], color="0.4", ls="--",
+                lw=1.0, drawstyle="steps-post", zorder=0, label="Pareto frontier (FVU at L0)")
         ax.legend(fontsize="small")
     return fig
 

@@ -399,6 +399,9 @@ def test_comparison_plots_render():
     # only the KL-SAE's FVU changes when just the units counted in L0 reconstruct
     assert "kl: only units counted in L0" in legend
     assert not any(label.startswith("l1:") for label in legend)
+    # the frontier uses the KL-SAE's FVU at its L0 (0.3 + 0.5 here), so l1's points make it
+    front = next(ln for ln in made[0].axes[0].get_lines() if "Pareto" in ln.get_label())
+    assert list(front.get_ydata()) == [0.4, 0.2]
     assert len(made[2].axes) == 3  # one panel per dataset x model
     text = " ".join(t.get_text() for t in made[4].findobj(lambda o: hasattr(o, "get_text")))
     assert "undefined" in text  # TopK's constant L0
