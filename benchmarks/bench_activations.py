@@ -4,9 +4,11 @@
 
 For 256 rows of float32 standard-normal scores (times --scale) and d in {16, 256, 1024, 4096,
 16384}, prints the median time of y = f(x); y.backward(g) for each map, and its ratio to
-torch.softmax. The maps run in turn within every repetition and the ratio is the median over
-repetitions of the ratio within one repetition, so that a busy machine, which slows the maps
-alike, moves the absolute times more than the ratios. CPU always (with
+torch.softmax; "sparsemax" is what ``sae.activations.sparsemax`` runs (on CPU, the compiled
+kernels of ``sae.kernels`` up to their width limit), "sparsemax(ops)" its tensor-op path (CUDA,
+torch.compile, wider rows). The maps run in turn within every repetition and the ratio is the
+median over repetitions of the ratio within one repetition, so that a busy machine, which slows
+the maps alike, moves the absolute times more than the ratios. CPU always (with
 torch.set_num_threads(--threads)); CUDA too when present.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's sae, not another
+from sae import kernels  # noqa: E402
 from sae.activations import entmax15, entmax_alpha, sparsemax  # noqa: E402
 
 try:
@@ -32,11 +35,21 @@ except ImportError:  # the package is a test dependency only
 SIZES = (16, 256, 1024, 4096, 16384)
 
 
+def tensor_op_sparsemax(x: torch.Tensor) -> torch.Tensor:
+    """Our sparsemax without the compiled CPU kernels: the path of CUDA and torch.compile."""
+    saved, kernels._ENABLED = kernels._ENABLED, False
+    try:
+        return sparsemax(x, -1)
+    finally:
+        kernels._ENABLED = saved
+
+
 def maps() -> dict[str, Callable]:
     alpha = torch.tensor(1.5, requires_grad=True)  # a learnable alpha, as in EntmaxAlpha
     out: dict[str, Callable] = {
         "softmax": lambda x: torch.softmax(x, -1),
         "sparsemax": lambda x: sparsemax(x, -1),
+        "sparsemax(ops)": tensor_op_sparsemax,
         "entmax15": lambda x: entmax15(x, -1),
         "entmax_alpha(t)": lambda x: entmax_alpha(x, alpha.to(x.device), -1),
     }
