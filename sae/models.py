@@ -20,6 +20,7 @@ which is the batch's fraction of variance unexplained; Î»_t warms up from 0 to Î
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -172,6 +173,8 @@ class SparseAutoencoder(L.LightningModule):
         # dead-unit tracking: this rank's training samples since each unit last fired (on device)
         self.register_buffer("samples_since_fired", torch.zeros(H, dtype=torch.long))
         self.register_buffer("nonfinite_loss", torch.zeros((), dtype=torch.bool))
+        self._seconds_before = 0.0  # training time of earlier sessions of a resumed run
+        self._fit_start: float | None = None
 
     # ---- the model ------------------------------------------------------------------------
     def pre_activations(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -300,6 +303,22 @@ class SparseAutoencoder(L.LightningModule):
                 and self.global_step % cfg.resample_every == 0
                 and self.global_step <= cfg.resample_until * self._total_steps()):
             self.resample_dead(batch[0])
+
+    # ---- training time across resumed sessions ------------------------------------------
+    def on_fit_start(self) -> None:
+        self._fit_start = time.perf_counter()
+
+    def train_seconds(self) -> float:
+        """Wall-clock seconds of fitting so far, summed over the sessions of a resumed run
+        (each up to its last checkpoint: work lost to an interruption is not counted twice)."""
+        now = 0.0 if self._fit_start is None else time.perf_counter() - self._fit_start
+        return self._seconds_before + now
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["train_seconds"] = self.train_seconds()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
 
     def check_finite(self) -> None:
         if bool(self.nonfinite_loss):

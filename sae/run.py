@@ -24,7 +24,6 @@ import math
 import os
 import shutil
 import sys
-import time
 from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
@@ -414,13 +413,12 @@ def train(args: argparse.Namespace) -> dict:
         num_sanity_val_steps=0, enable_progress_bar=show_progress, enable_model_summary=False,
         default_root_dir=out)
     fit_model = torch.compile(model) if args.compile else model
-    start = time.perf_counter()
     ckpt = str(checkpoint_to_resume(args)) if args.resume is not None else None
     if ckpt is not None and trainer.is_global_zero:
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
         trim_history(out / "metrics.csv", saved["global_step"])
     trainer.fit(fit_model, datamodule=dm, ckpt_path=ckpt)
-    wall = time.perf_counter() - start
+    wall = model.train_seconds()  # summed over the sessions of a resumed run
     # the last validation's checkpoint can be behind when --max-steps ends mid-epoch
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
     if not trainer.is_global_zero:

@@ -165,13 +165,16 @@ def test_resume_after_interrupted_run(tmp_path, data_dir):
     proc.wait()
     assert last.is_file(), "no checkpoint was written before the interruption"
     assert not (out / "metrics.json").exists()
-    epoch = torch.load(last, weights_only=False)["epoch"]
+    saved = torch.load(last, weights_only=False)
+    epoch, seconds_before = saved["epoch"], saved["train_seconds"]
+    assert seconds_before > 0
     config_before = (out / "config.yaml").read_text()
     target = epoch + 3
     result = run_cli(["--out", out, "--resume", "--epochs", target], tmp_path, data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 2 * target  # 2 steps per epoch, counted from the first run
+    assert metrics["wall_time_s"] > seconds_before  # the first session's training time counts
     history = read_history(out)
     assert history["epoch"].min() == 0 and history["epoch"].max() == target - 1
     assert (out / "config.yaml").read_text() == config_before
