@@ -755,7 +755,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs:
                     n_runs: int, n_done: int) -> str:
     import datetime as dt
 
-    from sae.report import _CSS, _esc, _img
+    from sae.report import PAGE_CSS, esc, inline_png
     from sae.tables import kl_display, summary_display, to_html
 
     body = []
@@ -763,7 +763,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs:
         if dataset not in set(summary["dataset"]):
             continue
         kl = kl_display(matched, dataset)
-        body += [f'<h2 id="{_esc(dataset)}">{_esc(dataset)}</h2>',
+        body += [f'<h2 id="{esc(dataset)}">{esc(dataset)}</h2>',
                  to_html(summary_display(summary, dataset, raw.get(dataset))),
                  "<h3>vs KL-SAE at the nearest mean L0</h3>",
                  "<p class=\"sub\">Δ FVU &lt; 0 and Δ probe &gt; 0 favour the model. Δ FVU at L0 "
@@ -772,28 +772,28 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs:
     body.append('<h2 id="figures">Figures</h2>')
     for name, caption in FIGURE_FILES.items():
         if name in pngs:
-            body.append(f"<figure>{_img(pngs[name], name)}<figcaption>{_esc(caption)}"
+            body.append(f"<figure>{inline_png(pngs[name], name)}<figcaption>{esc(caption)}"
                         "</figcaption></figure>")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     title = f"Comparison: {sweep.path.name}"
-    nav = "".join(f'<a href="#{_esc(d)}">{_esc(d)}</a>' for d in sweep.datasets)
+    nav = "".join(f'<a href="#{esc(d)}">{esc(d)}</a>' for d in sweep.datasets)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_esc(title)}</title>
-<style>{_CSS}</style>
+<title>{esc(title)}</title>
+<style>{PAGE_CSS}</style>
 </head>
 <body>
-<h1>{_esc(title)}</h1>
-<p class="sub">{n_done} of {n_runs} runs finished · generated {_esc(stamp)}</p>
-{f"<p>{_esc(sweep.description.strip())}</p>" if sweep.description.strip() else ""}
-<p>{_esc(LEGEND)}</p>
+<h1>{esc(title)}</h1>
+<p class="sub">{n_done} of {n_runs} runs finished · generated {esc(stamp)}</p>
+{f"<p>{esc(sweep.description.strip())}</p>" if sweep.description.strip() else ""}
+<p>{esc(LEGEND)}</p>
 <nav>{nav}<a href="#figures">Figures</a><a href="#sweep">Sweep file</a></nav>
 {''.join(body)}
 <h2 id="sweep">Sweep file</h2>
-<pre><code>{_esc(sweep.text)}</code></pre>
+<pre><code>{esc(sweep.text)}</code></pre>
 </body>
 </html>
 """
@@ -803,7 +803,7 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
                   analyses: dict[Path, dict]) -> list[Path]:
     """results.csv, comparison.md/html and the plots; returns the files written."""
     from sae import figures
-    from sae.report import _write_atomic
+    from sae.report import write_atomic
     from sae.tables import match_kl, summarize_seeds
 
     results, l0, per_class = collect(sweep_dir, runs, analyses)
@@ -813,7 +813,7 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
     matched = match_kl(summary)
     written = []
     csv = sweep_dir / "results.csv"
-    _write_atomic(csv, results.drop(columns="config").to_csv(index=False))
+    write_atomic(csv, results.drop(columns="config").to_csv(index=False))
     made = {
         "fvu_vs_l0.png": lambda: figures.fvu_l0_pareto(summary),
         "probe_vs_l0.png": lambda: figures.probe_vs_l0(summary, raw),
@@ -828,9 +828,9 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
         written.append(figures.save_png(fig, sweep_dir / name))
     n_done = len(results)
     md = sweep_dir / "comparison.md"
-    _write_atomic(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done))
+    write_atomic(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done))
     page = sweep_dir / "comparison.html"
-    _write_atomic(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done))
+    write_atomic(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done))
     return [csv, md, page, *written]
 
 

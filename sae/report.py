@@ -31,7 +31,8 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["FIGURE_KINDS", "RunFolderError", "latest_figures", "main", "write_report"]
+__all__ = ["FIGURE_KINDS", "PAGE_CSS", "RunFolderError", "esc", "inline_png", "latest_figures",
+           "main", "write_atomic", "write_report"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +91,7 @@ _METRIC_NOTES = {
 
 _EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
 
-_CSS = """
+PAGE_CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
        max-width: 1180px; margin: 2rem auto; padding: 0 1.2rem; line-height: 1.45; }
 h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
@@ -250,24 +251,24 @@ def _config_value(value: object) -> str:
 # --------------------------------------------------------------------------- HTML pieces
 
 
-def _esc(text: object) -> str:
+def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
 def _missing(text: str) -> str:
-    return f'<p class="missing">{_esc(text)}</p>'
+    return f'<p class="missing">{esc(text)}</p>'
 
 
-def _img(png: bytes, alt: str) -> str:
+def inline_png(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{_esc(alt)}">'
+    return f'<img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
 
 
 def _config_section(config: dict[str, object], problem: str | None) -> str:
     if problem:
         return _missing(problem)
     rows = "".join(
-        f"<tr><td>{_esc(k)}</td><td class=\"num\">{_esc(_config_value(v))}</td></tr>"
+        f"<tr><td>{esc(k)}</td><td class=\"num\">{esc(_config_value(v))}</td></tr>"
         for k, v in config.items()
     )
     return f"<table><tr><th>setting</th><th>value</th></tr>{rows}</table>"
@@ -281,8 +282,8 @@ def _metrics_section(metrics: dict[str, object], problem: str | None) -> str:
     rows = []
     for name, value in metrics.items():
         note = _METRIC_NOTES.get(name.rsplit("/", 1)[-1], "")
-        rows.append(f"<tr><td>{_esc(name)}</td><td class=\"num\">{_esc(format_metric(name, value))}"
-                    f"</td><td class=\"note\">{_esc(note)}</td></tr>")
+        rows.append(f"<tr><td>{esc(name)}</td><td class=\"num\">{esc(format_metric(name, value))}"
+                    f"</td><td class=\"note\">{esc(note)}</td></tr>")
     return ("<table><tr><th>metric</th><th>value</th><th>definition</th></tr>"
             f"{''.join(rows)}</table>")
 
@@ -305,8 +306,8 @@ def _curves_section(run_dir: Path) -> str:
     fig = figures.training_curves(history)
     png = figures.figure_to_png_bytes(fig)
     fig.clear()
-    source = _esc(path.relative_to(run_dir))
-    return (f"<figure>{_img(png, 'training curves')}<figcaption>Drawn from "
+    source = esc(path.relative_to(run_dir))
+    return (f"<figure>{inline_png(png, 'training curves')}<figcaption>Drawn from "
             f"<code>{source}</code> ({len(history):,} logged rows).</figcaption></figure>")
 
 
@@ -320,14 +321,15 @@ def _figures_section(run_dir: Path) -> str:
         try:
             png = path.read_bytes()
         except OSError as exc:
-            parts.append(f"<h3>{_esc(heading)}</h3>{_missing(f'{path.name}: {exc}')}")
+            parts.append(f"<h3>{esc(heading)}</h3>{_missing(f'{path.name}: {exc}')}")
             continue
         if not png.startswith(PNG_SIGNATURE):
             body = _missing(f"figures/{kind}/{path.name} is not a PNG file.")
         else:
             where = f"Epoch {epoch} (figures/{kind}/{path.name}). {caption}".strip()
-            body = f"<figure>{_img(png, heading)}<figcaption>{_esc(where)}</figcaption></figure>"
-        parts.append(f'<h3 id="fig-{_esc(kind)}">{_esc(heading)}</h3>{body}')
+            body = (f"<figure>{inline_png(png, heading)}"
+                    f"<figcaption>{esc(where)}</figcaption></figure>")
+        parts.append(f'<h3 id="fig-{esc(kind)}">{esc(heading)}</h3>{body}')
     return "".join(parts)
 
 
@@ -355,12 +357,12 @@ def render_report(run_dir: Path) -> str:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_esc(name)}: {_esc(subtitle)}</title>
-<style>{_CSS}</style>
+<title>{esc(name)}: {esc(subtitle)}</title>
+<style>{PAGE_CSS}</style>
 </head>
 <body>
-<h1>{_esc(name)}</h1>
-<p class="sub">{_esc(subtitle)} · run {_esc(status)} · report generated {_esc(stamp)}</p>
+<h1>{esc(name)}</h1>
+<p class="sub">{esc(subtitle)} · run {esc(status)} · report generated {esc(stamp)}</p>
 <nav><a href="#metrics">Final metrics</a><a href="#curves">Training curves</a>\
 <a href="#figures">Figures</a><a href="#config">Config</a></nav>
 <h2 id="metrics">Final test metrics</h2>
@@ -388,7 +390,7 @@ def _check_run_dir(run_dir: Path) -> None:
         raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Write to a temporary file next to ``path``, then rename: readers never see half a page."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
     try:
@@ -410,7 +412,7 @@ def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     _check_run_dir(run_dir)
     out = run_dir / "report.html"
-    _write_atomic(out, render_report(run_dir))
+    write_atomic(out, render_report(run_dir))
     return out
 
 
