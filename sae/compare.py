@@ -214,7 +214,7 @@ def _grid(values: object, where: str) -> tuple[float, ...]:
 
 
 def _model_entry(name: object, entry: object, known: set[str], path: Path) -> ModelEntry:
-    from sae.models import MODELS
+    from sae.config import MODELS
 
     where = f"{path}: models.{name}"
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from sae.models import DEAD_GUARDS, MODELS, SAEConfig
+from sae.config import DEAD_GUARDS, MODELS, SAEConfig
 
 DATASET_CHOICES = ("mnist", "fashion-mnist")
 EXIT_USAGE = 2

@@ -207,3 +207,11 @@ def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
     freq = firing_frequency(codes)
     assert float((freq == 0).float().mean()) == pytest.approx(val["val/dead_fraction"], abs=1e-6)
     assert float(l0(codes).mean()) == pytest.approx(val["val/l0"], rel=1e-4)
+
+
+def test_flags_are_checked_before_lightning_is_imported():
+    # a typo must cost a fraction of a second, not Lightning's import time
+    code = ("import sys, sae.run; from sae.config import SAEConfig; SAEConfig().validate(); "
+            "print(sorted(m for m in ('lightning', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
