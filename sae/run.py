@@ -417,7 +417,14 @@ def train(args: argparse.Namespace) -> dict:
     if ckpt is not None and trainer.is_global_zero:
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
         trim_history(out / "metrics.csv", saved["global_step"])
-    trainer.fit(fit_model, datamodule=dm, ckpt_path=ckpt)
+    try:
+        trainer.fit(fit_model, datamodule=dm, ckpt_path=ckpt)
+    except SystemExit:
+        # Lightning turns Ctrl-C into a graceful shutdown and sys.exit(1); report it as the
+        # interruption it is (main prints how to resume, exit code 130)
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
     wall = model.train_seconds()  # summed over the sessions of a resumed run
     # the last validation's checkpoint can be behind when --max-steps ends mid-epoch
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")

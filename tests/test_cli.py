@@ -183,6 +183,28 @@ def test_resume_after_interrupted_run(tmp_path, data_dir):
 
 
 @pytest.mark.slow
+def test_ctrl_c_stops_with_a_resume_hint_and_keeps_the_checkpoint(tmp_path, data_dir):
+    out = tmp_path / "run"
+    args = ["--model", "l1", "--out", out, "--limit-train", "512", "--val-size", "256",
+            "--limit-test", "256", "--hidden", "32", "--batch-size", "256", "--epochs", "500",
+            "--no-figures", "--no-report"]
+    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1")
+    env.pop("SAE_RUN_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "sae.run", *map(str, args)], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    last = out / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 240
+    while time.time() < deadline and not last.is_file():
+        time.sleep(0.5)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert f"interrupted; continue with: python -m sae.run --out {out} --resume" in stderr
+    assert last.is_file() and not (out / "metrics.json").exists()
+
+
+@pytest.mark.slow
 def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
     from sae.data import ImageDataModule
     from sae.metrics import firing_frequency, l0
