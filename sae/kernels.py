@@ -16,8 +16,9 @@ row in compiled loops, with each row in cache:
 Non-finite rows follow ``torch.softmax`` as the tensor-op path does: a NaN or ``+inf`` entry, or
 no finite entry, gives a NaN row (and a NaN gradient row); ``-inf`` entries get 0.
 
-Rows are split across ``torch.get_num_threads()`` threads (the kernels release the GIL). The
-kernels are compiled on first use and cached on disk. Without numba, :func:`available` is false
+The kernels run on one thread: splitting rows across threads of our own was slower, because
+PyTorch's OpenMP workers keep spinning on the other cores for a while after each torch op. They
+are compiled on first use and cached on disk. Without numba, :func:`available` is false
 and ``sae.activations`` uses its tensor-op path, which is also the path on CUDA, under
 ``torch.compile`` and for 1.5-/alpha-entmax.
 """
@@ -27,17 +28,15 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
 
 MAX_WIDTH = 4096  # longer rows: the tensor-op path (block gathering) is as fast or faster
-_MIN_SPLIT = 1 << 15  # entries per thread below which splitting rows costs more than it saves
 _ENABLED = os.environ.get("SAE_NO_KERNELS", "") in ("", "0")
 
 _lock = threading.Lock()
-_state: dict = {}  # numba kernels (or None if numba is missing), and the thread pool per pid
+_state: dict = {}  # the numba kernels, or None if numba is missing
 
 
 def _compile():
@@ -113,31 +112,6 @@ def available(x: Tensor) -> bool:
             and 0 < x.shape[-1] <= MAX_WIDTH and _kernels() is not None)
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """A thread pool of this process (a forked child makes its own: threads do not survive)."""
-    key = (os.getpid(), workers)
-    with _lock:
-        if _state.get("pool_key") != key:
-            _state["pool"] = ThreadPoolExecutor(workers, thread_name_prefix="sae-kernel")
-            _state["pool_key"] = key
-        return _state["pool"]
-
-
-def _run(fn, arrays: list) -> None:
-    """fn(*row-chunks of arrays) over row chunks, one per thread, the last on this thread."""
-    rows, n = arrays[0].shape
-    parts = min(torch.get_num_threads(), rows, max(rows * n // _MIN_SPLIT, 1))
-    if parts <= 1:
-        fn(*arrays)
-        return
-    bounds = [rows * p // parts for p in range(parts + 1)]
-    chunks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds, bounds[1:], strict=False)]
-    futures = [_pool(parts - 1).submit(fn, *c) for c in chunks[:-1]]
-    fn(*chunks[-1])
-    for f in futures:
-        f.result()
-
-
 def sparsemax_forward(x: Tensor) -> Tensor:
     """Sparsemax of the rows of a contiguous CPU float [rows, n] tensor (see the module doc)."""
     forward, _ = _kernels()
@@ -146,7 +120,7 @@ def sparsemax_forward(x: Tensor) -> Tensor:
     good = torch.isfinite(m)  # no NaN, no +inf, some finite entry
     c = x - m  # shifted to max 0, in the input's precision as on the tensor-op path
     out = torch.empty_like(x)
-    _run(forward, [c.numpy(), good.view(-1).numpy(), out.numpy()])
+    forward(c.numpy(), good.view(-1).numpy(), out.numpy())
     if not bool(good.all()):
         out.masked_fill_(~good, math.nan)
     return out
@@ -157,7 +131,7 @@ def sparsemax_backward(y: Tensor, g: Tensor) -> Tensor:
     _, backward = _kernels()
     y = y.detach()
     out = torch.empty_like(y)
-    _run(backward, [y.numpy(), g.detach().contiguous().numpy(), out.numpy()])
+    backward(y.numpy(), g.detach().contiguous().numpy(), out.numpy())
     bad = y[:, :1].isnan()  # the NaN rows of the output get NaN gradients
     if bool(bad.any()):
         out.masked_fill_(bad, math.nan)
