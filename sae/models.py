@@ -190,7 +190,10 @@ class SparseAutoencoder(L.LightningModule):
         # keep W_dec's columns on the unit sphere: drop the gradient's radial component
         g = self.W_dec.grad
         if g is not None:
-            g.sub_(self.W_dec * (g * self.W_dec).sum(0, keepdim=True))
+            # no_grad: otherwise the in-place update records a graph on .grad that chains every
+            # step's to the last one (memory grew by ~3 MB a step)
+            with torch.no_grad():
+                g.sub_(self.W_dec * (g * self.W_dec).sum(0, keepdim=True))
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         optimizer.step(closure=optimizer_closure)

@@ -110,6 +110,9 @@ def test_decoder_stays_unit_norm_and_radial_gradient_removed(mnist_small):
     model.on_before_optimizer_step(None)
     radial = (model.W_dec.grad * model.W_dec).sum(0)
     assert radial.abs().max() < 1e-5
+    # the projection records no autograd history on .grad (a graph there chained every step's
+    # to the next one and leaked memory)
+    assert model.W_dec.grad.grad_fn is None and not model.W_dec.grad.requires_grad
 
 
 class GradNormRecorder(L.Callback):
