@@ -731,6 +731,26 @@ def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str, colours: dict[str, 
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 
+def _l0_panels(summary: pd.DataFrame, metric: str, title: str, ylabel: str):
+    """A figure with one panel per dataset of ``summary``, mean L0 on x and ``ylabel`` on y.
+
+    Returns the figure and ``(axes, dataset, rows)`` per panel, rows being the configurations of
+    that dataset with a finite mean L0 and ``<metric>_mean``. With no dataset at all, the one
+    panel says so and the list is empty.
+    """
+    data = summary.dropna(subset=["l0_mean_mean", f"{metric}_mean"])
+    datasets = list(dict.fromkeys(summary["dataset"]))
+    fig, axes = _dataset_axes(len(datasets))
+    fig.suptitle(title)
+    if not datasets:
+        _empty_note(axes[0], "no finished runs")
+    panels = []
+    for ax, dataset in zip(axes, datasets, strict=False):
+        ax.set(title=str(dataset), xlabel="mean L0 (active units per input)", ylabel=ylabel)
+        panels.append((ax, dataset, data[data["dataset"] == dataset]))
+    return fig, panels
+
+
 def _fvu_at_l0_lines(ax: Axes, part: pd.DataFrame, colours: dict[str, str]) -> None:
     """Dashed, hollow-marker lines of ``fvu_at_l0`` for models where it differs from ``fvu``.
 
@@ -766,18 +786,11 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
     configurations (no other configuration has both fewer active units and lower FVU), taken
     over FVU at L0 where given: a KL-SAE's plain FVU also relies on units its L0 leaves out.
     """
-    data = summary.dropna(subset=["l0_mean_mean", "fvu_mean"])
-    datasets = list(dict.fromkeys(summary["dataset"]))
-    fig, axes = _dataset_axes(len(datasets))
+    fig, panels = _l0_panels(
+        summary, "fvu", "Reconstruction vs sparsity (mean ± std over seeds; lower left is better)",
+        "FVU (fraction of variance unexplained)")
     colours = _model_colours(list(summary["model"]))
-    fig.suptitle("Reconstruction vs sparsity (mean ± std over seeds; lower left is better)")
-    if not datasets:
-        _empty_note(axes[0], "no finished runs")
-        return fig
-    for ax, dataset in zip(axes, datasets, strict=False):
-        part = data[data["dataset"] == dataset]
-        ax.set(title=str(dataset), xlabel="mean L0 (active units per input)",
-               ylabel="FVU (fraction of variance unexplained)")
+    for ax, _, part in panels:
         if part.empty:
             _empty_note(ax, "no finished runs")
             continue
@@ -805,18 +818,12 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
         raw_probe: dataset -> probe accuracy on raw pixels, drawn as a dashed horizontal line.
     """
     raw_probe = raw_probe or {}
-    data = summary.dropna(subset=["l0_mean_mean", "probe_accuracy_mean"])
-    datasets = list(dict.fromkeys(summary["dataset"]))
-    fig, axes = _dataset_axes(len(datasets))
+    fig, panels = _l0_panels(
+        summary, "probe_accuracy",
+        "Linear-probe accuracy of the codes vs sparsity (mean ± std over seeds)",
+        "probe test accuracy")
     colours = _model_colours(list(summary["model"]))
-    fig.suptitle("Linear-probe accuracy of the codes vs sparsity (mean ± std over seeds)")
-    if not datasets:
-        _empty_note(axes[0], "no finished runs")
-        return fig
-    for ax, dataset in zip(axes, datasets, strict=False):
-        part = data[data["dataset"] == dataset]
-        ax.set(title=str(dataset), xlabel="mean L0 (active units per input)",
-               ylabel="probe test accuracy")
+    for ax, dataset, part in panels:
         if dataset in raw_probe and math.isfinite(raw_probe[dataset]):
             ax.axhline(raw_probe[dataset], color="0.3", ls="--", lw=1.0,
                        label=f"raw pixels ({100 * raw_probe[dataset]:.1f}%)")

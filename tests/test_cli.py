@@ -143,7 +143,8 @@ def test_config_file_and_flags_layer(tmp_path, data_dir):
 
 
 @pytest.mark.slow
-def test_resume_after_interrupted_run(tmp_path, data_dir):
+def start_long_run(tmp_path, data_dir, stderr=subprocess.DEVNULL):
+    """A 500-epoch run of 2 steps per epoch in tmp_path/run, started in the background."""
     out = tmp_path / "run"
     args = ["--model", "l1", "--out", out, "--limit-train", "512", "--val-size", "256",
             "--limit-test", "256", "--hidden", "32", "--batch-size", "256", "--epochs", "500",
@@ -151,7 +152,12 @@ def test_resume_after_interrupted_run(tmp_path, data_dir):
     env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1")
     env.pop("SAE_RUN_DIR", None)
     proc = subprocess.Popen([sys.executable, "-m", "sae.run", *map(str, args)], cwd=tmp_path,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    return proc, out
+
+
+def test_resume_after_interrupted_run(tmp_path, data_dir):
+    proc, out = start_long_run(tmp_path, data_dir)
     last = out / "checkpoints" / "last.ckpt"
     deadline = time.time() + 240
     try:
@@ -184,14 +190,7 @@ def test_resume_after_interrupted_run(tmp_path, data_dir):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_with_a_resume_hint_and_keeps_the_checkpoint(tmp_path, data_dir):
-    out = tmp_path / "run"
-    args = ["--model", "l1", "--out", out, "--limit-train", "512", "--val-size", "256",
-            "--limit-test", "256", "--hidden", "32", "--batch-size", "256", "--epochs", "500",
-            "--no-figures", "--no-report"]
-    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1")
-    env.pop("SAE_RUN_DIR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "sae.run", *map(str, args)], cwd=tmp_path,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc, out = start_long_run(tmp_path, data_dir, stderr=subprocess.PIPE)
     last = out / "checkpoints" / "last.ckpt"
     deadline = time.time() + 240
     while time.time() < deadline and not last.is_file():
