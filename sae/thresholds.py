@@ -1,0 +1,99 @@
+r"""Thresholded codes: JumpReLU with straight-through threshold gradients, and batch top-k.
+
+**JumpReLU** (Rajamanoharan et al. 2024, "Jumping Ahead"). With a threshold :math:`\theta_j > 0`
+per unit,
+
+.. math::
+    h_j = a_j \, H(a_j - \theta_j), \qquad L_0(h) = \sum_j H(a_j - \theta_j),
+
+where :math:`H` is the Heaviside step. Active values are :math:`a_j` itself: unlike a ReLU with
+a bias, the threshold does not shrink them. :math:`H` has no useful derivative, so the threshold
+learns through pseudo-derivatives (straight-through estimators) with a rectangle kernel
+:math:`K(u) = 1[|u| < 1/2]` of bandwidth :math:`\varepsilon`:
+
+.. math::
+    \frac{\partial h_j}{\partial \theta_j} := -\frac{\theta_j}{\varepsilon}
+        K\!\left(\frac{a_j - \theta_j}{\varepsilon}\right), \qquad
+    \frac{\partial H(a_j - \theta_j)}{\partial \theta_j} := -\frac{1}{\varepsilon}
+        K\!\left(\frac{a_j - \theta_j}{\varepsilon}\right),
+
+and :math:`\partial h_j / \partial a_j = H(a_j - \theta_j)`, :math:`\partial H / \partial a_j
+= 0`: the L0 penalty moves thresholds, the reconstruction moves both.
+
+**Batch top-k** (Bussmann, Leask & Nanda 2024). In training, the :math:`kB` largest entries of
+:math:`\mathrm{ReLU}(a)` over a whole batch of :math:`B` inputs are kept, so the mean L0 is
+exactly :math:`k` while each input's L0 varies. At inference one threshold :math:`\theta`,
+estimated during training, replaces the batch: :math:`h_j = a_j \, 1[a_j > \theta]`, so an input's
+code never depends on the rest of its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["batch_topk", "jumprelu", "step_l0", "threshold_code"]
+
+
+def _window(a: Tensor, theta: Tensor, eps: float) -> Tensor:
+    """K((a − θ)/ε)/ε: the rectangle kernel of bandwidth ε around the threshold."""
+    return ((a - theta).abs() < eps / 2).to(a.dtype) / eps
+
+
+class _JumpReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, theta: Tensor, eps: float) -> Tensor:
+        ctx.save_for_backward(a, theta)
+        ctx.eps = eps
+        return a * (a > theta).to(a.dtype)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        a, theta = ctx.saved_tensors
+        grad_a = g * (a > theta).to(g.dtype)
+        grad_theta = -(theta * _window(a, theta, ctx.eps) * g)
+        return grad_a, grad_theta.sum_to_size(theta.shape), None
+
+
+class _Step(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, theta: Tensor, eps: float) -> Tensor:
+        ctx.save_for_backward(a, theta)
+        ctx.eps = eps
+        return (a > theta).to(a.dtype)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        a, theta = ctx.saved_tensors
+        grad_theta = -(_window(a, theta, ctx.eps) * g)
+        return None, grad_theta.sum_to_size(theta.shape), None
+
+
+def jumprelu(a: Tensor, theta: Tensor, eps: float) -> Tensor:
+    """a [..., H], θ [H] (> 0) -> a · H(a − θ) [..., H], straight-through gradients for θ."""
+    return _JumpReLU.apply(a, theta, eps)
+
+
+def step_l0(a: Tensor, theta: Tensor, eps: float) -> Tensor:
+    """a [..., H], θ [H] -> H(a − θ) [..., H] (0/1), whose sum is L0; gradients reach θ only."""
+    return _Step.apply(a, theta, eps)
+
+
+def batch_topk(a: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Keep the k·B largest entries of ReLU(a) over the batch a [B, H].
+
+    Returns (h [B, H], the smallest kept positive value, a 0-d tensor; 0 when none is positive).
+    Ties at the cut are broken by position, so exactly min(k·B, B·H) entries are kept.
+    """
+    flat = torch.relu(a).flatten()
+    n = min(k * a.shape[0], flat.numel())
+    values, index = torch.topk(flat, n, sorted=False)
+    h = torch.zeros_like(flat).scatter_(0, index, values).view_as(a)
+    positive = values[values > 0]
+    smallest = positive.min() if positive.numel() else values.new_zeros(())
+    return h, smallest.detach()
+
+
+def threshold_code(a: Tensor, theta: Tensor | float) -> Tensor:
+    """a [..., H] -> a · 1[a > θ]: the inference-time code of batch top-k (θ ≥ 0)."""
+    return a * (a > theta).to(a.dtype)
