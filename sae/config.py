@@ -1,48 +1,95 @@
-"""The settings of an SAE (``SAEConfig``) and their validation: no torch, no Lightning.
+"""Every setting of ``sae``, declared once: dataclass fields whose metadata give the flag, help and
+allowed values. No torch, no Lightning.
 
-``python -m sae.run`` checks every flag against these before it imports anything heavy, so that a
-typo costs a fraction of a second, not the seconds Lightning takes to import.
+``sae.cli`` derives from these fields the command line of ``python -m sae.run`` (flags, defaults,
+help), the reading of ``--config`` files and ``config.yaml``, and the settings a sweep file may
+give; so a new setting is one field here. ``python -m sae.run`` checks every value against these
+before it imports anything heavy: a typo costs a fraction of a second, not Lightning's import time.
+
+Sections: :class:`SAEConfig` is what the model needs (it is stored in checkpoints);
+:class:`TrainConfig`, :class:`DataConfig`, :class:`OutputConfig` and :class:`HardwareConfig`
+the rest of a run; :class:`RunFolderConfig` the command-line-only settings that say which folder
+to use and how.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
-__all__ = ["DEAD_GUARDS", "MODELS", "SAEConfig"]
+__all__ = [
+    "DATASETS", "DEAD_GUARDS", "MODELS", "PRECISIONS", "SECTIONS", "DataConfig", "HardwareConfig",
+    "OutputConfig", "RunFolderConfig", "SAEConfig", "TrainConfig", "setting",
+]
 
 MODELS = ("l1", "kl", "sparsemax", "entmax", "topk")
 DEAD_GUARDS = ("none", "resample", "auxk")
+DATASETS = ("mnist", "fashion-mnist")
+# what Lightning's Trainer(precision=...) accepts
+PRECISIONS = ("64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true",
+              "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+
+
+def setting(default, help: str = "", *, key: str | None = None, choices: tuple | None = None,
+            low: float | None = None, high: float | None = None, low_open: bool = False,
+            nullable: bool = False, group: str | None = None, kind: str | None = None,
+            const=None):
+    """A dataclass field that is also a setting.
+
+    ``key`` is its name in YAML files (default: the field name; the flag is ``--`` + key with
+    dashes); ``low``/``high`` bound numbers (``low_open``: strictly above ``low``); ``nullable``
+    admits ``null``/``none``; ``group`` overrides the section's --help heading; ``kind`` names a
+    special parser (``devices``: auto, N or a list; ``optional-path``: ``--resume [CKPT]`` with
+    ``const`` when given bare).
+    """
+    meta = {"help": help, "key": key, "choices": choices, "low": low, "high": high,
+            "low_open": low_open, "nullable": nullable, "group": group, "kind": kind,
+            "const": const}
+    return field(default=default, metadata={"setting": meta})
 
 
 @dataclass
 class SAEConfig:
-    """Everything that defines a model and its optimisation (the CLI's flags map onto it)."""
+    """Everything that defines a model and its optimisation (stored in every checkpoint)."""
 
-    model: str = "sparsemax"
-    input_dim: int = 784
-    hidden: int = 512
-    lam: float = 0.01  # λ: penalty weight (unused by topk)
-    k: int = 32  # topk: active units per input
-    rho: float = 0.05  # kl: target mean activation
-    alpha: float = 1.5  # entmax: α (initial value when learnable or annealed)
-    alpha_mode: str = "learn"  # entmax: learn | anneal (to 2 over training) | fixed
-    groups: int = 1  # sparsemax / entmax: independent heads over the code
-    arch: str = "linear"  # linear | mlp (784-W-H-W-784)
-    mlp_width: int = 512
-    lr: float = 1e-3
-    lr_warmup: float = 0.01  # steps (>= 1) or fraction of training (< 1)
-    lr_decay: str = "none"  # none | cosine
-    lambda_warmup: float = 0.05  # steps (>= 1) or fraction of training (< 1)
-    lambda_warmup_shape: str = "linear"  # linear | cosine
-    dead_guard: str = "auto"  # auto (auxk for topk, resample otherwise) | none | resample | auxk
-    dead_window: int = 20_000  # a unit is dead after this many training samples without firing
-    resample_every: int = 500  # steps between dead-unit checks (resample guard)
-    resample_until: float = 0.7  # no resampling after this fraction of training
-    aux_k: int = 256  # AuxK: dead units used to model the residual
-    aux_coef: float = 1 / 32
-    kl_threshold: float = 0.1  # a sigmoid unit "fires" when its activation exceeds this
-    init: str = "auto"  # decoder columns: random | data (centred training images) | auto
+    model: str = setting("sparsemax", "sparsity mechanism", choices=MODELS)
+    input_dim: int = field(default=784)  # set from the data, not a flag
+    hidden: int = setting(512, "code units H", low=1)
+    lam: float = setting(0.01, "penalty weight λ (ignored by topk)", key="lambda", low=0)
+    k: int = setting(32, "topk: active units per input (ignored by the other models)", low=1)
+    rho: float = setting(0.05, "kl: target mean activation ρ", low=0, high=1, low_open=True)
+    alpha: float = setting(1.5, "entmax: α (start value when learned or annealed)", low=1,
+                           low_open=True)
+    alpha_mode: str = setting("learn", "entmax: learn α, anneal it to 2, or keep it fixed",
+                              choices=("learn", "anneal", "fixed"))
+    groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
+    arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
+                        choices=("linear", "mlp"))
+    mlp_width: int = setting(512, "mlp: width W of the hidden layers", low=1)
+    init: str = setting("auto", "decoder columns start random or at centred training images; "
+                        "auto = data for sparsemax/entmax", choices=("auto", "random", "data"))
+    kl_threshold: float = setting(0.1, "kl: a sigmoid unit fires above this", low=0, high=1,
+                                  low_open=True)
+    lr: float = setting(1e-3, "Adam learning rate", low=0, low_open=True, group="training")
+    lr_warmup: float = setting(0.01, "learning-rate warm-up: steps (>= 1) or fraction of "
+                               "training (< 1)", low=0, group="training")
+    lr_decay: str = setting("none", "learning-rate decay after warm-up",
+                            choices=("none", "cosine"), group="training")
+    lambda_warmup: float = setting(0.05, "λ warm-up from 0: steps (>= 1) or fraction of "
+                                   "training (< 1)", low=0, group="training")
+    lambda_warmup_shape: str = setting("linear", "shape of the λ warm-up",
+                                       choices=("linear", "cosine"), group="training")
+    dead_guard: str = setting("auto", "dead-unit remedy; auto = auxk for topk, resample "
+                              "otherwise", choices=("auto",) + DEAD_GUARDS, group="training")
+    dead_window: int = setting(20_000, "a unit is dead after this many training samples "
+                               "without firing", low=1, group="training")
+    resample_every: int = setting(500, "steps between dead-unit resamplings", low=1,
+                                  group="training")
+    resample_until: float = setting(0.7, "no resampling after this fraction of training",
+                                    low=0, high=1, group="training")
+    aux_k: int = setting(256, "AuxK: dead units used to model the residual", low=1,
+                         group="training")
+    aux_coef: float = field(default=1 / 32)  # AuxK loss weight (Gao et al. 2024), not a flag
 
     @classmethod
     def from_dict(cls, values: dict) -> SAEConfig:
@@ -64,47 +111,102 @@ class SAEConfig:
             else "random"
 
     def validate(self) -> None:
-        """Raise ValueError with a one-line, user-facing message for any invalid value."""
+        """Raise ValueError with a one-line, user-facing message for any invalid value.
+
+        Single values are checked against their field's bounds (``sae.cli``); this adds the
+        checks that involve several fields.
+        """
+        from sae.cli import check_fields
+
+        check_fields(self)
+
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(message)
 
-        need(self.model in MODELS, f"--model must be one of {', '.join(MODELS)}")
         need(self.input_dim >= 1, "input_dim must be >= 1")
-        need(self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}")
-        need(math.isfinite(self.lam) and self.lam >= 0, f"--lambda must be >= 0, got {self.lam}")
-        need(self.k >= 1, f"--k must be >= 1, got {self.k}")
         need(self.model != "topk" or self.k <= self.hidden,
              f"--k must be <= --hidden ({self.hidden}), got {self.k}")
-        need(0 < self.rho < 1, f"--rho must be in (0, 1), got {self.rho}")
-        need(math.isfinite(self.alpha) and self.alpha > 1, f"--alpha must be > 1, got {self.alpha}")
         need(self.model != "entmax" or self.alpha_mode != "learn" or self.alpha > 1.001,
              f"--alpha must be > 1.001 when learned (α = 1.001 + softplus), got {self.alpha}")
-        need(self.alpha_mode in ("learn", "anneal", "fixed"),
-             "--alpha-mode must be one of learn, anneal, fixed")
         need(self.alpha_mode != "anneal" or self.alpha <= 2,
              f"--alpha must be <= 2 when annealed towards 2, got {self.alpha}")
-        need(self.groups >= 1 and self.hidden % self.groups == 0,
+        need(self.hidden % self.groups == 0,
              f"--groups must divide --hidden ({self.hidden}), got {self.groups}")
-        need(self.arch in ("linear", "mlp"), "--arch must be linear or mlp")
-        need(self.mlp_width >= 1, "--mlp-width must be >= 1")
-        need(math.isfinite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr}")
-        need(self.lr_warmup >= 0, "--lr-warmup must be >= 0")
-        need(self.lr_decay in ("none", "cosine"), "--lr-decay must be none or cosine")
-        need(self.lambda_warmup >= 0, "--lambda-warmup must be >= 0")
-        need(self.lambda_warmup_shape in ("linear", "cosine"),
-             "--lambda-warmup-shape must be linear or cosine")
-        need(self.dead_guard in ("auto",) + DEAD_GUARDS,
-             f"--dead-guard must be one of auto, {', '.join(DEAD_GUARDS)}")
         guard = self.resolved_dead_guard()
         need(guard != "auxk" or self.model == "topk", "--dead-guard auxk applies to --model topk")
         need(guard == "none" or self.arch == "linear",
              f"--dead-guard {guard} needs --arch linear (use none with mlp)")
-        need(self.dead_window >= 1, "--dead-window must be >= 1")
-        need(self.resample_every >= 1, "--resample-every must be >= 1")
-        need(0 <= self.resample_until <= 1, "--resample-until must be in [0, 1]")
-        need(self.aux_k >= 1, "--aux-k must be >= 1")
-        need(0 < self.kl_threshold < 1, "--kl-threshold must be in (0, 1)")
-        need(self.init in ("auto", "random", "data"), "--init must be auto, random or data")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
+
+
+@dataclass
+class TrainConfig:
+    """How long and how a run trains (beyond the model's own optimisation settings)."""
+
+    epochs: int = setting(10, "training epochs", low=1)
+    max_steps: int | None = setting(None, "stop after this many steps (overrides --epochs "
+                                    "when reached first)", low=1, nullable=True)
+    batch_size: int = setting(256, "training batch size", low=1)
+    grad_clip: float = setting(1.0, "gradient-norm clipping; 0 disables", low=0)
+    seed: int = setting(0, "seed of initialisation, data order and the data-init images", low=0)
+
+
+@dataclass
+class DataConfig:
+    """Which images a run trains and is tested on."""
+
+    dataset: str = setting("mnist", "image dataset", choices=DATASETS)
+    data_dir: str | None = setting(None, "folder with the IDX files (default: $SAE_DATA_DIR, "
+                                   "torchvision's cache, then download)", nullable=True)
+    val_size: int = setting(5000, "validation images carved from train (fixed split seed)",
+                            low=1)
+    limit_train: int | None = setting(None, "use only this many training images (quick runs)",
+                                      low=1, nullable=True)
+    limit_test: int | None = setting(None, "use only this many test images", low=1,
+                                     nullable=True)
+
+
+@dataclass
+class OutputConfig:
+    """What a run writes besides its checkpoints and metrics."""
+
+    figure_every: int = setting(0, "render figures every N epochs (0: only at the end)", low=0)
+    no_figures: bool = setting(False, "write no figures")
+    no_report: bool = setting(False, "write no report.html")
+    log_every: int = setting(50, "log training metrics every N steps", low=1)
+    progress: str = setting("auto", "progress bar (auto: only on a terminal)",
+                            choices=("auto", "on", "off"))
+
+
+@dataclass
+class HardwareConfig:
+    """Passed to Lightning's Trainer."""
+
+    accelerator: str = setting("auto", "device kind", choices=ACCELERATORS)
+    devices: object = setting("auto", "N, a list 0,1, or auto", kind="devices")
+    strategy: str = setting("auto", "auto, ddp, ddp_spawn, fsdp, ...")
+    num_nodes: int = setting(1, "machines taking part", low=1)
+    precision: str = setting("32-true", "numeric precision", choices=PRECISIONS)
+    compile: bool = setting(False, "torch.compile the model")
+
+
+@dataclass
+class RunFolderConfig:
+    """Command-line only: which run folder, and what may happen to it (never saved)."""
+
+    out: str | None = setting(None, "run folder (default: runs/<dataset>-<model>-<time>)",
+                              nullable=True)
+    resume: str | None = setting(None, "continue the run in --out from its last checkpoint, or "
+                                 "from CKPT", nullable=True, kind="optional-path", const="last")
+    overwrite: bool = setting(False, "replace an existing run folder (only one this tool made)")
+    config: str | None = setting(None, "YAML file of settings; flags override it",
+                                 nullable=True)
+
+
+# (section, --help heading); the order of --help and of config.yaml
+SECTIONS = ((SAEConfig, "model"), (TrainConfig, "training"), (DataConfig, "data"),
+            (OutputConfig, "run folder and output"),
+            (HardwareConfig, "hardware (passed to Lightning)"),
+            (RunFolderConfig, "run folder and output"))

@@ -570,3 +570,14 @@ def load_checkpoint(path: str | Path,
     model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
     model.load_state_dict(state["state_dict"])
     return model.eval()
+
+
+def training_callbacks(config: SAEConfig) -> list:
+    return []
+
+
+@torch.no_grad()
+def decode_dataset(model: SparseAutoencoder, codes: Tensor, batch_size: int = 1024) -> Tensor:
+    """Decode codes [N, H] in batches on the model's device -> x̂ [N, D] on CPU."""
+    return torch.cat([model.decode(codes[i:i + batch_size].to(model.device)).float().cpu()
+                      for i in range(0, len(codes), batch_size)])

@@ -1,7 +1,6 @@
 """python -m sae.run as a user calls it: a subprocess on real (subset) MNIST data."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,28 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 import yaml
+from cli_helpers import QUICK, assert_one_line_error, run_cli, start_cli
 
+from sae.checkpoints import CheckpointError, read_checkpoint
 from sae.models import MODELS
-
-QUICK = ["--limit-train", "1024", "--val-size", "256", "--limit-test", "256", "--hidden", "64",
-         "--batch-size", "128", "--k", "8"]
-
-
-def run_cli(args, cwd, data_dir, timeout=300, **env_extra):
-    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1",
-               SAE_CACHE_DIR=str(Path(cwd) / "cache"), **env_extra)
-    env.pop("SAE_RUN_DIR", None)
-    return subprocess.run([sys.executable, "-m", "sae.run", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def assert_one_line_error(result):
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr
 
 
 def test_help_shows_defaults(tmp_path, data_dir):
@@ -142,39 +124,42 @@ def test_config_file_and_flags_layer(tmp_path, data_dir):
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-@pytest.mark.slow
 def start_long_run(tmp_path, data_dir, stderr=subprocess.DEVNULL):
     """A 500-epoch run of 2 steps per epoch in tmp_path/run, started in the background."""
     out = tmp_path / "run"
     args = ["--model", "l1", "--out", out, "--limit-train", "512", "--val-size", "256",
             "--limit-test", "256", "--hidden", "32", "--batch-size", "256", "--epochs", "500",
             "--no-figures", "--no-report"]
-    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1")
-    env.pop("SAE_RUN_DIR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "sae.run", *map(str, args)], cwd=tmp_path,
-                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
-    return proc, out
+    return start_cli(args, tmp_path, data_dir, stderr=stderr), out
 
 
+def saved_epoch(last) -> int:
+    """The epoch of the checkpoint at ``last``, or -1 while there is none (or it is mid-write)."""
+    try:
+        return int(read_checkpoint(last)["epoch"])
+    except CheckpointError:
+        return -1
+
+
+def train_seconds(last) -> float:
+    return float(read_checkpoint(last)["callbacks"]["Timer"]["time_elapsed"]["train"])
+
+
+@pytest.mark.slow
 def test_resume_after_interrupted_run(tmp_path, data_dir):
     proc, out = start_long_run(tmp_path, data_dir)
     last = out / "checkpoints" / "last.ckpt"
     deadline = time.time() + 240
-    try:
-        while time.time() < deadline:
-            if last.is_file() and torch.load(last, weights_only=False)["epoch"] >= 2:
-                break
-            time.sleep(0.5)
-    except Exception:  # the checkpoint may be caught half-written; try again
+    while time.time() < deadline and saved_epoch(last) < 2:
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert last.is_file(), "no checkpoint was written before the interruption"
     assert not (out / "metrics.json").exists()
-    saved = torch.load(last, weights_only=False)
-    epoch, seconds_before = saved["epoch"], saved["train_seconds"]
+    epoch, seconds_before = saved_epoch(last), train_seconds(last)
     assert seconds_before > 0
     config_before = (out / "config.yaml").read_text()
+    first_session = (out / "logs" / "session_0" / "metrics.csv").read_text()
     target = epoch + 3
     result = run_cli(["--out", out, "--resume", "--epochs", target], tmp_path, data_dir)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -183,7 +168,10 @@ def test_resume_after_interrupted_run(tmp_path, data_dir):
     assert metrics["wall_time_s"] > seconds_before  # the first session's training time counts
     history = read_history(out)
     assert history["epoch"].min() == 0 and history["epoch"].max() == target - 1
+    assert history.dropna(subset=["val/loss"])["epoch"].is_unique  # no epoch logged twice
     assert (out / "config.yaml").read_text() == config_before
+    # the first session's own history was not rewritten
+    assert (out / "logs" / "session_0" / "metrics.csv").read_text() == first_session
     # a finished run is refused without --resume / --overwrite
     assert_one_line_error(run_cli(["--out", out, "--no-figures"], tmp_path, data_dir))
 
@@ -207,7 +195,7 @@ def test_ctrl_c_stops_with_a_resume_hint_and_keeps_the_checkpoint(tmp_path, data
 def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
     from sae.data import ImageDataModule
     from sae.metrics import firing_frequency, l0
-    from sae.models import SAEConfig, build_model, encode_dataset
+    from sae.models import encode_dataset, load_checkpoint
 
     out = tmp_path / "ddp"
     result = run_cli(["--model", "sparsemax", "--max-steps", 6, "--out", out, "--devices", 2,
@@ -218,10 +206,7 @@ def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
     assert len(list((out / "figures" / "decoder_atoms").glob("*.png"))) == 1
     val = read_history(out).dropna(subset=["val/dead_fraction"]).iloc[-1]
     # the same model on the same validation images in one process
-    state = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
-    hp = state["hyper_parameters"]
-    model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
-    model.load_state_dict(state["state_dict"])
+    model = load_checkpoint(out / "checkpoints" / "last.ckpt")
     dm = ImageDataModule("mnist", str(data_dir), val_size=256, limit_train=1024)
     dm.setup()
     _, codes = encode_dataset(model, dm.val_x)

@@ -1,0 +1,363 @@
+"""Settings from the command line and from YAML, derived from the fields of :mod:`sae.config`.
+
+One declaration (a field and its ``setting`` metadata) gives: the flag, its default and help in
+``python -m sae.run --help``, the check of its value (the same for a flag, a ``--config`` file, a
+run's ``config.yaml`` and a sweep file), and its key in ``config.yaml``. Settings travel as
+``{field name: value}`` dicts; only this module knows that ``lam`` is written ``lambda``.
+
+Every problem is a :class:`UsageError` with a one-line message; no torch, no Lightning here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from sae.config import SECTIONS, RunFolderConfig
+
+__all__ = ["SETTINGS", "Setting", "UsageError", "build_parser", "check_fields", "check_mapping",
+           "config_file_dict", "load_yaml", "read_settings_file", "resolve_settings", "to_argv"]
+
+
+class UsageError(Exception):
+    """Bad user input: printed as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the dataclass field
+    key: str  # in YAML files (flag: --key with dashes)
+    type: str  # int, float, str, bool, devices or path (an optional path: --resume [CKPT])
+    default: object
+    help: str
+    group: str
+    choices: tuple | None
+    low: float | None
+    high: float | None
+    low_open: bool
+    nullable: bool
+    const: object
+    file: bool  # may be given in a settings file (and is written to config.yaml)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+def _settings() -> dict[str, Setting]:
+    out: dict[str, Setting] = {}
+    for section, heading in SECTIONS:
+        for f in fields(section):
+            meta = f.metadata.get("setting")
+            if meta is None:
+                continue
+            base = str(f.type).split("|")[0].strip()
+            kind = {"devices": "devices", "optional-path": "path"}.get(meta["kind"], base)
+            out[f.name] = Setting(
+                f.name, meta["key"] or f.name, kind, f.default, meta["help"],
+                meta["group"] or heading, meta["choices"], meta["low"], meta["high"],
+                meta["low_open"], meta["nullable"], meta["const"],
+                section is not RunFolderConfig)
+    return out
+
+
+SETTINGS = _settings()
+_BY_KEY = {alias: s for s in SETTINGS.values()
+           for alias in {s.key, s.name, s.key.replace("_", "-")}}
+
+
+# ---------------------------------------------------------------- values
+
+
+def _bounded(s: Setting, value):
+    if s.low is not None and (value <= s.low if s.low_open else value < s.low):
+        raise ValueError(f"must be {'>' if s.low_open else '>='} {s.low:g}, got {value:g}")
+    if s.high is not None and value > s.high:
+        raise ValueError(f"must be <= {s.high:g}, got {value:g}")
+    return value
+
+
+def _number(s: Setting, value, text: bool):
+    kind = int if s.type == "int" else float
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, "
+                         f"got {value!r}")
+    if isinstance(value, float) and kind is int:
+        raise ValueError(f"expected an integer, got {value!r}")
+    try:
+        number = kind(value)
+    except ValueError:
+        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, "
+                         f"got {value!r}") from None
+    if kind is float and number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"must be finite, got {value!r}")
+    return _bounded(s, number)
+
+
+def _devices(value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    elif isinstance(value, list):
+        items = value
+    elif isinstance(value, str) and value == "auto":
+        return value
+    elif isinstance(value, str):
+        try:
+            items = [int(t) for t in value.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"expected auto, N or a list like 0,1, got {value!r}") from None
+        if "," not in value:  # a count
+            items = items[:1]
+            if items and items[0] == -1:
+                return -1
+            if not items or items[0] < 1:
+                raise ValueError(f"a device count must be >= 1 (or -1 for all), got {value!r}")
+            return items[0]
+    else:
+        raise ValueError(f"expected auto, N or a list like 0,1, got {value!r}")
+    if not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
+        raise ValueError(f"expected auto, N or a list of device ids >= 0, got {value!r}")
+    if isinstance(value, int):
+        if value == 0:
+            raise ValueError("a device count must be >= 1 (or -1 for all), got 0")
+        return value
+    return items
+
+
+def convert(s: Setting, value, text: bool = False):
+    """``value`` (command-line text when ``text``, else a YAML value) checked for setting ``s``.
+
+    Raises ValueError with the reason (without the setting's name). ``None`` (or the text
+    ``none``/``null`` for a nullable setting) means the setting's default.
+    """
+    if value is None or (text and s.nullable and str(value).lower() in ("none", "null")):
+        return s.default
+    if s.type == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"takes true or false, got {value!r}")
+        return value
+    if s.type in ("int", "float"):
+        return _number(s, value, text)
+    if s.type == "devices":
+        return _devices(value)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected text, got {value!r}")
+    value = str(value)
+    if s.choices is not None and value not in s.choices:
+        raise ValueError(f"must be one of {', '.join(map(str, s.choices))}, got {value!r}")
+    return value
+
+
+def check_fields(obj) -> None:
+    """Check every setting field of a config dataclass (ValueError, one line, flag named)."""
+    for f in fields(obj):
+        s = SETTINGS.get(f.name)
+        if s is None:
+            continue
+        value = getattr(obj, f.name)
+        if value is None and s.default is None:
+            continue
+        try:
+            if convert(s, value) != value:
+                raise ValueError(f"got {value!r}")
+        except ValueError as e:
+            raise ValueError(f"{s.flag} {e}") from None
+
+
+# ---------------------------------------------------------------- the command line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints usage + message; users get one line
+        raise UsageError(message)
+
+
+def _parse_text(s: Setting):
+    def parse(text: str):
+        try:
+            return convert(s, text, text=True)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = s.type  # argparse names the type in its messages
+    return parse
+
+
+def _metavar(s: Setting) -> str:
+    if s.choices is not None and len(s.choices) <= 6:
+        return "{" + ",".join(s.choices) + "}"
+    return s.key.upper().replace("-", "_")
+
+
+def build_parser(suppress: bool = False) -> OneLineParser:
+    """``python -m sae.run``'s parser; with ``suppress`` only explicitly given flags are set."""
+    p = OneLineParser(
+        prog="python -m sae.run", description="Train a sparse autoencoder on MNIST or "
+        "Fashion-MNIST and write a run folder.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS if suppress else None)
+    groups = {}
+    for s in SETTINGS.values():
+        if s.group not in groups:
+            groups[s.group] = p.add_argument_group(s.group)
+        group = groups[s.group]
+        default = argparse.SUPPRESS if suppress else s.default
+        if s.type == "bool":
+            group.add_argument(s.flag, dest=s.name, action="store_true", default=default,
+                               help=s.help)
+        elif s.type == "path":
+            group.add_argument(s.flag, dest=s.name, nargs="?", const=s.const, default=default,
+                               metavar="CKPT", help=s.help)
+        else:
+            group.add_argument(s.flag, dest=s.name, type=_parse_text(s), default=default,
+                               help=s.help, metavar=_metavar(s))
+    return p
+
+
+def to_argv(settings: dict) -> list[str]:
+    """``python -m sae.run`` flags for ``{field name: value}`` (None: left at the default)."""
+    argv: list[str] = []
+    for name, value in settings.items():
+        s = SETTINGS[name]
+        if s.type == "bool":
+            argv += [s.flag] if value else []
+        elif value is not None:
+            argv += [s.flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return argv
+
+
+# ---------------------------------------------------------------- YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping with a repeated key (YAML keeps the last silently)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"repeated key {key!r} (line {key_node.start_mark.line + 1})",
+                key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_yaml(path: str | Path, what: str):
+    """The YAML document in ``path`` (safe: no tags that build objects; no repeated keys)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a folder, not a file")
+    if not path.is_file():
+        raise UsageError(f"{what} {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise UsageError(f"{what} {path} cannot be read ({e.strerror})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as e:
+        reason = " ".join(str(e).split())
+        raise UsageError(f"{what} {path} is not valid YAML ({reason[:200]})") from None
+
+
+def check_mapping(mapping, where: str, exclude: frozenset = frozenset(),
+                  lists: frozenset = frozenset()) -> dict:
+    """A YAML mapping of settings as ``{field name: checked value}``.
+
+    ``exclude`` names fields that may not be given here, ``lists`` fields whose value may be a
+    list of values (each checked; a sweep's grid).
+    """
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise UsageError(f"{where} must be a mapping of settings")
+    out: dict = {}
+    for key, value in mapping.items():
+        s = _BY_KEY.get(key) if isinstance(key, str) else None
+        if s is None or not s.file:
+            raise UsageError(f"{where}: unknown setting {key!r} (see python -m sae.run --help)")
+        if s.name in exclude:
+            raise UsageError(f"{where}: {key!r} cannot be set here")
+        if s.name in out:
+            raise UsageError(f"{where}: {key!r} is given twice")
+        if isinstance(value, dict):
+            raise UsageError(f"{where}: {key!r} takes a value, not a mapping")
+        try:
+            if isinstance(value, list) and s.name in lists:
+                out[s.name] = [convert(s, v) for v in value]
+            elif isinstance(value, list) and s.type != "devices":
+                raise ValueError("takes one value, not a list")
+            else:
+                out[s.name] = convert(s, value)
+        except ValueError as e:
+            raise UsageError(f"{where}: {s.key} {e}") from None
+    return out
+
+
+def read_settings_file(path: str | Path) -> dict:
+    """A ``--config`` file or a run's ``config.yaml`` as ``{field name: checked value}``."""
+    data = load_yaml(path, "config file")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of settings")
+    return check_mapping(data, f"config file {path}")
+
+
+def config_file_dict(settings: dict) -> dict:
+    """What ``config.yaml`` holds: every file setting, by its YAML key, in declaration order."""
+    return {s.key: settings[s.name] for s in SETTINGS.values() if s.file and s.name in settings}
+
+
+# ---------------------------------------------------------------- layering
+
+
+def defaults() -> dict:
+    return {name: s.default for name, s in SETTINGS.items()}
+
+
+def resolve_settings(argv: list[str]) -> argparse.Namespace:
+    """Layer defaults < ``--config`` < the resumed run's ``config.yaml`` < explicit flags."""
+    build_parser().parse_args(argv)  # --help (with defaults shown) and bad values end here
+    explicit = vars(build_parser(suppress=True).parse_args(argv))
+    settings = defaults()
+    if explicit.get("config"):
+        settings.update(read_settings_file(explicit["config"]))
+    if explicit.get("resume") is not None:
+        out = explicit.get("out") or os.environ.get("SAE_RUN_DIR")
+        if out is None and explicit["resume"] != "last":
+            out = run_dir_of_checkpoint(Path(explicit["resume"]))
+        if out is None:
+            raise UsageError("--resume needs --out RUN_FOLDER (or a checkpoint inside one)")
+        saved = Path(out) / "config.yaml"
+        if Path(out).is_file():
+            raise UsageError(f"cannot resume: {out} is a file, not a run folder")
+        if not saved.is_file():
+            raise UsageError(f"cannot resume: {saved} does not exist")
+        settings.update(read_settings_file(saved))
+        settings["out"] = str(out)
+    settings.update(explicit)
+    if settings.get("out") is None:
+        settings["out"] = os.environ.get("SAE_RUN_DIR") or str(
+            Path("runs") / f"{settings['dataset']}-{settings['model']}-"
+            f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    return argparse.Namespace(**settings)
+
+
+def run_dir_of_checkpoint(ckpt: Path) -> str | None:
+    for parent in ckpt.resolve().parents[:2]:
+        if (parent / "config.yaml").is_file():
+            return str(parent)
+    return None

@@ -1,0 +1,202 @@
+"""One training run from checked settings: data, model, Lightning Trainer, test-set metrics.
+
+Called by ``python -m sae.run`` (:mod:`sae.run`) once the settings are checked and the run folder
+is claimed; everything heavy (torch, Lightning) is imported here, not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from sae.config import SAEConfig
+
+__all__ = ["Terminated", "TrainingSetupError", "quiet_lightning", "train"]
+
+SESSION_ENV = "SAE_SESSION"  # DDP workers log under the session their rank 0 opened
+
+
+class Terminated(BaseException):
+    """SIGTERM: stop as for Ctrl-C, with the conventional exit code 143."""
+
+
+class TrainingSetupError(Exception):
+    """Settings that only fail once Lightning or torch sees them (device, strategy, memory)."""
+
+
+def quiet_lightning() -> None:
+    """Keep the terminal for what matters: Lightning's banners and known-harmless warnings off."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for message in (".*exists and is not empty.*", ".*does not have many workers.*",
+                    ".*LeafSpec.*", ".*is an invalid version and will not be supported.*",
+                    # a run that stops mid-epoch (--max-steps) has no validation at its end
+                    ".*could not find the monitored key in the returned metrics.*"):
+        warnings.filterwarnings("ignore", message=message)
+
+
+def checkpoint_to_resume(args: argparse.Namespace) -> Path:
+    if args.resume in (None, "last"):
+        return Path(args.out) / "checkpoints" / "last.ckpt"
+    return Path(args.resume)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, callbacks: list,
+                  loggers: list):
+    import lightning.pytorch as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from sae.checkpoints import SafeCheckpointIO
+
+    val_interval, val_every_epochs = 1.0, 1
+    if args.max_steps is not None and args.max_steps < steps_per_epoch:
+        # still validate (and checkpoint) before stopping; counted in steps across epochs, as
+        # DDP ranks see shorter epochs
+        val_interval, val_every_epochs = args.max_steps, None
+    show_progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
+    if show_progress:
+        from lightning.pytorch.callbacks import TQDMProgressBar
+
+        callbacks = [*callbacks, TQDMProgressBar(refresh_rate=20)]
+    try:
+        return L.Trainer(
+            max_epochs=args.epochs, max_steps=args.max_steps or -1, accelerator=args.accelerator,
+            devices=args.devices, strategy=args.strategy, num_nodes=args.num_nodes,
+            precision=args.precision, gradient_clip_val=args.grad_clip or None,
+            gradient_clip_algorithm="norm", logger=loggers, callbacks=callbacks,
+            plugins=[SafeCheckpointIO()],
+            log_every_n_steps=min(args.log_every, steps_per_epoch),
+            val_check_interval=val_interval, check_val_every_n_epoch=val_every_epochs,
+            num_sanity_val_steps=0, enable_progress_bar=show_progress,
+            enable_model_summary=False, default_root_dir=out)
+    except (MisconfigurationException, ValueError, RuntimeError, TypeError) as e:
+        raise TrainingSetupError(f"cannot set up training with --accelerator {args.accelerator} "
+                                 f"--devices {args.devices} --strategy {args.strategy}: "
+                                 f"{_one_line(e)}") from None
+
+
+def train(args: argparse.Namespace, config: SAEConfig) -> dict:
+    """Fit and evaluate; returns the test metrics (empty on DDP ranks other than 0)."""
+    import lightning.pytorch as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    from sae import metrics, runfolder
+    from sae.checkpoints import check_compatible, read_checkpoint
+    from sae.data import DataSourceError, ImageDataModule
+    from sae.io import write_json
+    from sae.models import build_model, decode_dataset, encode_dataset
+
+    out = Path(args.out)
+    quiet_lightning()
+    L.seed_everything(args.seed, workers=True, verbose=False)
+
+    # resume: the checkpoint is read and checked before anything in the folder changes
+    ckpt, start_step, legacy_seconds = None, 0, 0.0
+    if args.resume is not None:
+        ckpt = checkpoint_to_resume(args)
+        state = read_checkpoint(ckpt)
+        check_compatible(state, asdict(config), ckpt)
+        start_step = int(state.get("global_step", 0))
+        if not any(str(k).startswith("Timer") for k in state.get("callbacks", {})):
+            legacy_seconds = float(state.get("train_seconds", 0.0))  # an earlier version's
+        del state
+
+    dm = ImageDataModule(args.dataset, args.data_dir, args.batch_size, args.val_size,
+                         limit_train=args.limit_train, limit_test=args.limit_test)
+    dm.load()
+    if len(dm.train_x) < 2:
+        raise DataSourceError(f"training needs at least 2 images, got {len(dm.train_x)} "
+                              "(--limit-train)")
+    mean = dm.train_mean
+    data_var = float((dm.train_x - mean).pow(2).sum(-1).mean())
+    if not data_var > 0:
+        raise DataSourceError("the training images are all the same: their variance is 0")
+    init_inputs = None
+    if config.resolved_init() == "data":  # seeded: the same images for the same --seed
+        pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(args.seed))
+        init_inputs = dm.train_x[pick[: config.hidden]]
+    try:
+        model = build_model(config, mean, data_var, init_inputs)
+    except (RuntimeError, MemoryError) as e:
+        raise TrainingSetupError(f"cannot build the model (--hidden {config.hidden}): "
+                                 f"{_one_line(e)}") from None
+
+    primary = int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("RANK", 0)) == 0
+    if primary:
+        os.environ[SESSION_ENV] = runfolder.new_session(out, start_step)
+    session = os.environ.get(SESSION_ENV, "session_0")
+    timer = Timer()
+    callbacks = [
+        ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
+                        mode="min", save_top_k=1, enable_version_counter=False),
+        # a true last.ckpt after every validation, whether or not it improved
+        ModelCheckpoint(dirpath=out / "checkpoints", filename="last", monitor=None,
+                        save_top_k=1, enable_version_counter=False),
+        timer,
+    ]
+    from sae.models import training_callbacks
+
+    callbacks += training_callbacks(config)
+    if not args.no_figures:
+        from sae.callbacks import FigureCallback
+
+        callbacks.append(FigureCallback(out / "figures", every_n_epochs=args.figure_every,
+                                        class_names=dm.class_names))
+    loggers = [CSVLogger(out, name="logs", version=session),
+               TensorBoardLogger(out, name="tensorboard", version="", default_hp_metric=False)]
+    steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
+    trainer = build_trainer(args, out, steps_per_epoch, callbacks, loggers)
+    fit_model = torch.compile(model) if args.compile else model
+    try:
+        trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
+                    weights_only=True)
+    except SystemExit:
+        # Lightning turns Ctrl-C into a graceful shutdown and sys.exit(1), and SIGTERM into
+        # SIGTERMException (a SystemExit); report each as the interruption it is
+        if trainer.received_sigterm:
+            raise Terminated from None
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if trainer.is_global_zero:
+            runfolder.merge_history(out)
+    wall = legacy_seconds + timer.time_elapsed("train")
+    # the last validation's checkpoint can be behind when --max-steps ends mid-epoch
+    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
+    if not trainer.is_global_zero:
+        return {}
+
+    x_hat, codes = encode_dataset(model, dm.test_x)
+    result = metrics.summarize(dm.test_x, x_hat, codes, mean, threshold=model.fire_threshold)
+    # the reconstruction from only the units counted in L0 (differs from fvu for sigmoid codes,
+    # whose sub-threshold activity still reconstructs)
+    result["fvu_at_l0"] = result["fvu"]
+    if model.fire_threshold > 0:
+        kept = codes * metrics.active(codes, model.fire_threshold)
+        result["fvu_at_l0"] = metrics.fvu(dm.test_x, decode_dataset(model, kept), mean)
+    result.update(wall_time_s=wall, steps=int(trainer.global_step),
+                  epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
+                  dataset=args.dataset, seed=args.seed, hidden=config.hidden,
+                  fire_threshold=float(model.fire_threshold))
+    if config.model == "entmax":
+        result["alpha"] = float(model.current_alpha())
+    write_json(out / "metrics.json", result)
+    if not args.no_report:
+        from sae.report import write_report
+
+        write_report(out)
+    return result

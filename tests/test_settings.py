@@ -1,0 +1,93 @@
+"""Settings declared once (sae.config), derived for the CLI, config files and sweeps (sae.cli)."""
+
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from sae.cli import (
+    SETTINGS,
+    UsageError,
+    build_parser,
+    check_mapping,
+    config_file_dict,
+    read_settings_file,
+    resolve_settings,
+    to_argv,
+)
+from sae.config import SECTIONS, SAEConfig
+
+
+def test_every_setting_field_is_a_flag_with_its_default_and_help():
+    help_text = build_parser().format_help()
+    for section, _ in SECTIONS:
+        for f in fields(section):
+            if "setting" not in f.metadata:
+                continue
+            s = SETTINGS[f.name]
+            assert s.flag in help_text
+            assert s.help.split()[0] in help_text
+    defaults = vars(build_parser().parse_args([]))
+    assert defaults["lam"] == SAEConfig().lam and defaults["epochs"] == 10
+
+
+def test_one_field_is_one_setting_everywhere(tmp_path):
+    # the flag, the file key and the field name of λ
+    assert vars(build_parser().parse_args(["--lambda", "0.3"]))["lam"] == 0.3
+    assert check_mapping({"lambda": 0.3}, "x") == {"lam": 0.3}
+    assert config_file_dict({"lam": 0.3, "out": "run"}) == {"lambda": 0.3}  # out is CLI-only
+    assert to_argv({"lam": 0.3, "no_figures": True, "max_steps": None}) == \
+        ["--lambda", "0.3", "--no-figures"]
+
+
+def test_written_config_reads_back_identically(tmp_path):
+    args = vars(resolve_settings(["--model", "topk", "--k", "8", "--devices", "0,1",
+                                  "--out", "x"]))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_file_dict(args), sort_keys=False))
+    again = read_settings_file(path)
+    assert all(again[name] == args[name] for name in again)
+    assert again["devices"] == [0, 1]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("no_figures: 'false'\n", "true or false"),       # a quoted false is not a boolean
+    ("hidden: 64\nhidden: 32\n", "repeated key"),     # YAML would keep the last silently
+    ("hidden: 64.5\n", "integer"),
+    ("lambda: -1\n", ">= 0"),
+    ("bogus: 3\n", "unknown setting"),
+    ("out: somewhere\n", "unknown setting"),          # CLI-only
+    ("model: [l1, kl]\n", "one value"),
+    ("- a\n- b\n", "mapping"),
+    ("!!python/object/apply:os.system ['true']\n", "not valid YAML"),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message) as e:
+        read_settings_file(path)
+    assert "\n" not in str(e.value)
+
+
+def test_config_file_that_is_a_folder_or_not_text(tmp_path):
+    with pytest.raises(UsageError, match="is a folder"):
+        read_settings_file(tmp_path)
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("model: l1 # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(UsageError, match="not UTF-8"):
+        read_settings_file(bad)
+
+
+def test_yaml_numbers_written_as_text_are_read():
+    # YAML 1.1 reads 1e-3 as a string; a number setting takes it
+    assert check_mapping({"lr": "1e-3", "hidden": 64}, "x") == {"lr": 1e-3, "hidden": 64}
+
+
+def test_sae_config_validate_checks_field_bounds_and_cross_fields():
+    with pytest.raises(ValueError, match="--model"):
+        SAEConfig(model="pca").validate()
+    with pytest.raises(ValueError, match="--hidden"):
+        SAEConfig(hidden=0).validate()
+    with pytest.raises(ValueError, match="--groups"):
+        SAEConfig(hidden=10, groups=3).validate()
+    SAEConfig().validate()
