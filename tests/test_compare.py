@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sae import compare, figures
+from sae.figures import sweep as sweep_figures
 from sae.models import MODELS
 from sae.run import UsageError, build_parser
 from sae.sweep import analysis, launch, render, spec, tables
@@ -425,7 +426,7 @@ def test_comparison_plots_accept_empty_frames():
 def test_pareto_front():
     l0 = np.array([5.0, 10, 20, 8, 30])
     err = np.array([0.5, 0.3, 0.1, 0.6, 0.2])
-    assert list(figures._pareto_front(l0, err)) == [0, 1, 2]
+    assert list(sweep_figures._pareto_front(l0, err)) == [0, 1, 2]
 
 
 # --------------------------------------------------------------------------- the runner
