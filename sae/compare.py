@@ -73,11 +73,11 @@ tables then cover the finished ones), 2 for bad input, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from sae.io import copy_file, write_text
 from sae.run import EXIT_USAGE, UsageError
 from sae.sweep.launch import (
     check_folders,
@@ -144,7 +144,7 @@ def publish(sweep_dir: Path, folder: Path) -> list[Path]:
     copies = []
     for name in PUBLISHED:
         if (sweep_dir / name).is_file():
-            copies.append(Path(shutil.copyfile(sweep_dir / name, folder / name)))
+            copies.append(copy_file(sweep_dir / name, folder / name))
     return copies
 
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     with held:
-        (args.out / "sweep.yaml").write_text(sweep.text, encoding="utf-8")
+        write_text(args.out / "sweep.yaml", sweep.text)
         threads = max(1, total_threads() // args.jobs)
         say(f"sweep {sweep.path.name}: {len(runs)} runs → {args.out} "
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")

@@ -17,7 +17,6 @@ import functools
 import io
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -28,6 +27,8 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from sae.io import atomic_file
 
 __all__ = ["DPI", "drop_unused", "empty_note", "figure_to_png_bytes", "figure_to_rgb",
            "grid_shape", "l0_edges", "save_png", "styled", "tile_centre", "tile_mosaic"]
@@ -79,20 +80,12 @@ def save_png(fig: Figure, path: str | os.PathLike[str], dpi: int = DPI) -> Path:
     never sees half a PNG. The figure is cleared afterwards: callbacks make many figures and
     should not keep their artists alive.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".png.tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with atomic_file(path) as fh:
             fig.savefig(fh, format="png", dpi=dpi)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; figures are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     finally:
         fig.clear()
-    return path
+    return Path(path)
 
 
 # --------------------------------------------------------------------------- small helpers

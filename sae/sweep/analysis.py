@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from sae.io import atomic_file, write_json
 from sae.sweep.spec import Run
 
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
@@ -61,12 +62,6 @@ def pearson(a, b) -> float | None:
     a, b = a - a.mean(), b - b.mean()
     denom = float(np.sqrt((a * a).sum() * (b * b).sum()))
     return float((a * b).sum() / denom) if denom > 0 else None
-
-
-def _write_json(path: Path, data: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
 
 
 def analysis_is_current(folder: Path) -> bool:
@@ -120,8 +115,9 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
         "n_train": len(dm.train_x),
         "n_test": len(dm.test_x),
     }
-    np.save(folder / "test_l0.npy", test_l0)
-    _write_json(folder / "analysis.json", result)
+    with atomic_file(folder / "test_l0.npy") as fh:
+        np.save(fh, test_l0)
+    write_json(folder / "analysis.json", result)
     return result
 
 
@@ -141,7 +137,7 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
         have[key] = {**dict(zip(SPLIT_KEYS, key, strict=True)), "n_train": len(dm.train_x),
                      "n_test": len(dm.test_x), "test_accuracy": probe.test_accuracy,
                      "train_accuracy": probe.train_accuracy}
-        _write_json(path, list(have.values()))
+        write_json(path, list(have.values()))
     return list(have.values())
 
 
