@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sae.io import write_text
 from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes
 from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
@@ -63,57 +64,38 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, float],
 def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs: dict[str, bytes],
                     n_runs: int, n_done: int) -> str:
     """comparison.html: the tables of comparison.md, the plots and the sweep file, one page."""
-    import datetime as dt
-
-    from sae.report import PAGE_CSS, esc, inline_png
+    from sae import pages
     from sae.sweep.tables import kl_display, summary_display, to_html
 
-    body = []
+    sections = []
     for dataset in sweep.datasets:
         if dataset not in set(summary["dataset"]):
             continue
         kl = kl_display(matched, dataset)
-        body += [f'<h2 id="{esc(dataset)}">{esc(dataset)}</h2>',
-                 to_html(summary_display(summary, dataset, raw.get(dataset))),
-                 "<h3>vs KL-SAE at the nearest mean L0</h3>",
-                 "<p class=\"sub\">Δ FVU &lt; 0 and Δ probe &gt; 0 favour the model. Δ FVU at L0 "
-                 "compares the KL-SAE at the sparsity its L0 states.</p>",
-                 to_html(kl) if len(kl) else "<p>No non-KL configurations.</p>"]
-    body.append('<h2 id="figures">Figures</h2>')
-    for name, caption in FIGURE_FILES.items():
-        if name in pngs:
-            body.append(f"<figure>{inline_png(pngs[name], name)}<figcaption>{esc(caption)}"
-                        "</figcaption></figure>")
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        body = [to_html(summary_display(summary, dataset, raw.get(dataset))),
+                pages.fragment('<h3>{}</h3><p class="sub">{}</p>',
+                               "vs KL-SAE at the nearest mean L0",
+                               "Δ FVU < 0 and Δ probe > 0 favour the model. Δ FVU at L0 compares "
+                               "the KL-SAE at the sparsity its L0 states."),
+                to_html(kl) if len(kl) else pages.fragment("<p>{}</p>",
+                                                            "No non-KL configurations.")]
+        sections.append(pages.Section(dataset, dataset, pages.join(body)))
+    plots = [pages.figure(pngs[name], name, caption) for name, caption in FIGURE_FILES.items()
+             if name in pngs]
+    sections += [pages.Section("figures", "Figures", pages.join(plots)),
+                 pages.Section("sweep", "Sweep file", pages.code_block(sweep.text))]
+    description = sweep.description.strip()
     title = f"Comparison: {sweep.path.name}"
-    nav = "".join(f'<a href="#{esc(d)}">{esc(d)}</a>' for d in sweep.datasets)
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{esc(title)}</title>
-<style>{PAGE_CSS}</style>
-</head>
-<body>
-<h1>{esc(title)}</h1>
-<p class="sub">{n_done} of {n_runs} runs finished · generated {esc(stamp)}</p>
-{f"<p>{esc(sweep.description.strip())}</p>" if sweep.description.strip() else ""}
-<p>{esc(LEGEND)}</p>
-<nav>{nav}<a href="#figures">Figures</a><a href="#sweep">Sweep file</a></nav>
-{''.join(body)}
-<h2 id="sweep">Sweep file</h2>
-<pre><code>{esc(sweep.text)}</code></pre>
-</body>
-</html>
-"""
+    return pages.render_page(
+        title=title, heading=title,
+        subtitle=f"{n_done} of {n_runs} runs finished · generated {pages.timestamp()}",
+        intro=[description, LEGEND] if description else [LEGEND], sections=sections)
 
 
 def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
                   analyses: dict[Path, dict]) -> list[Path]:
     """results.csv, comparison.md/html and the plots; returns the files written."""
     from sae import figures
-    from sae.report import write_atomic
     from sae.sweep.tables import match_kl, summarize_seeds
 
     done = [r for r in runs if run_state(sweep_dir / r.rel) == "done"]
@@ -123,7 +105,7 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
     matched = match_kl(summary)
     written = []
     csv = sweep_dir / "results.csv"
-    write_atomic(csv, results.drop(columns="config").to_csv(index=False))
+    write_text(csv, results.drop(columns="config").to_csv(index=False))
     made = {
         "fvu_vs_l0.png": lambda: figures.fvu_l0_pareto(summary),
         "probe_vs_l0.png": lambda: figures.probe_vs_l0(summary, raw),
@@ -138,7 +120,7 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
         written.append(figures.save_png(fig, sweep_dir / name))
     n_done = len(results)
     md = sweep_dir / "comparison.md"
-    write_atomic(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done))
+    write_text(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done))
     page = sweep_dir / "comparison.html"
-    write_atomic(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done))
+    write_text(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done))
     return [csv, md, page, *written]
