@@ -16,16 +16,12 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from sae import figures
+from sae import io as sae_io
 
 
 def write_png(rgb: np.ndarray, path: Path) -> None:
     """Write an RGB array [H, W, 3] as a PNG, atomically (readers never see half a file)."""
-    from PIL import Image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    Image.fromarray(rgb).save(tmp, format="PNG")
-    tmp.replace(path)
+    sae_io.write_png(path, rgb)
 
 FIGURE_KINDS = ("decoder_atoms", "reconstructions", "sparsity_histogram",
                 "activation_frequency", "class_unit_heatmap", "feature_density")

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 import pickle
 import zipfile
 from pathlib import Path
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from sae.io import write_bytes
 
 __all__ = ["CheckpointError", "SafeCheckpointIO", "check_compatible", "read_checkpoint",
            "tensors_checksum", "write_checkpoint"]
@@ -60,30 +61,14 @@ def tensors_checksum(checkpoint: dict) -> str:
 
 def write_checkpoint(checkpoint: dict, path: str | Path) -> None:
     """Save atomically in ``path``'s folder, with the tensors' checksum; no temp file left."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {**checkpoint, CHECKSUM_KEY: tensors_checksum(checkpoint)}
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_bytes(path, buffer.getvalue())
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}; the previous "
                               "checkpoint is kept") from None
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def read_checkpoint(path: str | Path, map_location="cpu") -> dict:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from sae.io import copy_file, write_text
 
 DATASETS = ("mnist", "fashion-mnist")
 MODELS = ("sparsemax", "kl", "l1")
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in KINDS:
                 png = latest_png(run, kind)
                 if png is not None:
-                    shutil.copyfile(png, out / f"{dataset}-{model}-{kind}.png")
+                    copy_file(png, out / f"{dataset}-{model}-{kind}.png")
             rows.append(f"| {dataset} | {model} | {m['lam']:g} | {m['mse']:.4f} | "
                         f"{m['fvu']:.3f} | {m.get('fvu_at_l0', float('nan')):.3f} | "
                         f"{m['l0_mean']:.1f} ± {m['l0_std']:.1f} | "
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "for the KL-SAE, whose sigmoid units below the firing threshold (0.1) still add to the "
         "reconstruction.", "",
         "Files: `<dataset>-<model>-<kind>.png` for kind in " + ", ".join(KINDS) + ".", ""]
-    (out / "README.md").write_text("\n".join(lines))
+    write_text(out / "README.md", "\n".join(lines))
     print(f"gallery written to {out}")
     return 0
 

@@ -6,8 +6,9 @@ Usage::
 
 The page holds the run's config, its final test metrics, training curves drawn from
 ``metrics.csv`` and the latest figure of each kind found under ``figures/<kind>/epoch_<E>.png``.
-Images are inlined as base64 ``data:`` URIs and the CSS is inline: the file has no scripts and
-no external references, so it opens anywhere, offline, and can be mailed or archived alone.
+The page is rendered by :mod:`sae.pages`: images inline as base64 ``data:`` URIs, CSS inline, no
+scripts and no external references, so it opens anywhere, offline, and can be mailed or archived
+alone.
 
 Parts a run does not have yet (no ``metrics.json`` after an interrupted run, no figures, no
 ``metrics.csv``) are stated on the page. Only a missing folder or a folder without
@@ -17,22 +18,20 @@ Parts a run does not have yet (no ``metrics.json`` after an interrupted run, no 
 from __future__ import annotations
 
 import argparse
-import base64
-import datetime as dt
-import html
 import json
 import math
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
-__all__ = ["FIGURE_KINDS", "PAGE_CSS", "RunFolderError", "esc", "inline_png", "latest_figures",
-           "main", "write_atomic", "write_report"]
+from sae import pages
+from sae.io import write_text
+
+__all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "latest_figures",
+           "main", "render_report", "write_report"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -90,28 +89,6 @@ _METRIC_NOTES = {
 }
 
 _EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
-
-PAGE_CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
-       max-width: 1180px; margin: 2rem auto; padding: 0 1.2rem; line-height: 1.45; }
-h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
-h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
-h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
-.sub { color: #666; margin-top: 0; }
-nav a { margin-right: 1rem; color: #2a5db0; }
-table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; }
-th, td { text-align: left; padding: 0.25rem 0.8rem; border-bottom: 1px solid #e6e6e6;
-         vertical-align: top; }
-th { background: #f4f4f4; }
-td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.note { color: #666; }
-figure { margin: 0.6rem 0 1.6rem 0; }
-img { max-width: 100%; height: auto; border: 1px solid #eee; }
-figcaption { color: #555; font-size: 0.9rem; }
-.missing { background: #fff6e5; border-left: 4px solid #f0a020; padding: 0.5rem 0.8rem; }
-code { background: #f4f4f4; padding: 0 0.2rem; }
-"""
-
 
 class RunFolderError(Exception):
     """The given path is not a readable run folder."""
@@ -248,51 +225,32 @@ def _config_value(value: object) -> str:
     return format_value(value)
 
 
-# --------------------------------------------------------------------------- HTML pieces
+# --------------------------------------------------------------------------- page sections
 
 
-def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def _missing(text: str) -> str:
-    return f'<p class="missing">{esc(text)}</p>'
-
-
-def inline_png(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
-
-
-def _config_section(config: dict[str, object], problem: str | None) -> str:
+def _config_section(config: dict[str, object], problem: str | None):
     if problem:
-        return _missing(problem)
-    rows = "".join(
-        f"<tr><td>{esc(k)}</td><td class=\"num\">{esc(_config_value(v))}</td></tr>"
-        for k, v in config.items()
-    )
-    return f"<table><tr><th>setting</th><th>value</th></tr>{rows}</table>"
+        return pages.missing(problem)
+    return pages.table(["setting", "value"], [(k, _config_value(v)) for k, v in config.items()],
+                       cell_class=lambda column, _: "num" if column == 1 else None)
 
 
-def _metrics_section(metrics: dict[str, object], problem: str | None) -> str:
+def _metrics_section(metrics: dict[str, object], problem: str | None):
     if problem:
-        return _missing(problem)
+        return pages.missing(problem)
     if not metrics:
-        return _missing("metrics.json holds no metrics.")
-    rows = []
-    for name, value in metrics.items():
-        note = _METRIC_NOTES.get(name.rsplit("/", 1)[-1], "")
-        rows.append(f"<tr><td>{esc(name)}</td><td class=\"num\">{esc(format_metric(name, value))}"
-                    f"</td><td class=\"note\">{esc(note)}</td></tr>")
-    return ("<table><tr><th>metric</th><th>value</th><th>definition</th></tr>"
-            f"{''.join(rows)}</table>")
+        return pages.missing("metrics.json holds no metrics.")
+    rows = [(name, format_metric(name, value), _METRIC_NOTES.get(name.rsplit("/", 1)[-1], ""))
+            for name, value in metrics.items()]
+    return pages.table(["metric", "value", "definition"], rows,
+                       cell_class=lambda column, _: (None, "num", "note")[column])
 
 
-def _curves_section(run_dir: Path) -> str:
+def _curves_section(run_dir: Path):
     """Training curves drawn now from metrics.csv (so the report is current mid-training)."""
     path = _find_metrics_csv(run_dir)
     if path is None:
-        return _missing("No metrics.csv: no training curves were logged.")
+        return pages.missing("No metrics.csv: no training curves were logged.")
     # Imported here so that the CLI's argument and folder errors come back without the cost of
     # loading the plotting stack.
     import pandas as pd
@@ -302,35 +260,35 @@ def _curves_section(run_dir: Path) -> str:
     try:
         history = pd.read_csv(path)
     except (OSError, ValueError) as exc:  # pandas' EmptyDataError and ParserError are ValueErrors
-        return _missing(f"{path.relative_to(run_dir)} could not be read: {exc}")
+        return pages.missing(f"{path.relative_to(run_dir)} could not be read: {exc}")
     fig = figures.training_curves(history)
     png = figures.figure_to_png_bytes(fig)
     fig.clear()
-    source = esc(path.relative_to(run_dir))
-    return (f"<figure>{inline_png(png, 'training curves')}<figcaption>Drawn from "
-            f"<code>{source}</code> ({len(history):,} logged rows).</figcaption></figure>")
+    caption = pages.fragment("Drawn from <code>{}</code> ({} logged rows).",
+                             path.relative_to(run_dir), f"{len(history):,}")
+    return pages.figure(png, "training curves", caption)
 
 
-def _figures_section(run_dir: Path) -> str:
+def _figures_section(run_dir: Path):
     latest = latest_figures(run_dir)
     if not latest:
-        return _missing("No figures yet: figures/<kind>/epoch_<E>.png holds nothing.")
+        return pages.missing("No figures yet: figures/<kind>/epoch_<E>.png holds nothing.")
     parts = []
     for kind, epoch, path in latest:
         heading, caption = _KIND_TEXT.get(kind, (kind.replace("_", " ").capitalize(), ""))
         try:
             png = path.read_bytes()
         except OSError as exc:
-            parts.append(f"<h3>{esc(heading)}</h3>{_missing(f'{path.name}: {exc}')}")
+            parts.append(pages.fragment("<h3>{}</h3>{}", heading,
+                                        pages.missing(f"{path.name}: {exc}")))
             continue
         if not png.startswith(PNG_SIGNATURE):
-            body = _missing(f"figures/{kind}/{path.name} is not a PNG file.")
+            body = pages.missing(f"figures/{kind}/{path.name} is not a PNG file.")
         else:
             where = f"Epoch {epoch} (figures/{kind}/{path.name}). {caption}".strip()
-            body = (f"<figure>{inline_png(png, heading)}"
-                    f"<figcaption>{esc(where)}</figcaption></figure>")
-        parts.append(f'<h3 id="fig-{esc(kind)}">{esc(heading)}</h3>{body}')
-    return "".join(parts)
+            body = pages.figure(png, heading, where)
+        parts.append(pages.fragment('<h3 id="fig-{}">{}</h3>{}', kind, heading, body))
+    return pages.join(parts)
 
 
 def _lookup(config: dict[str, object], keys: tuple[str, ...]) -> str | None:
@@ -351,31 +309,17 @@ def render_report(run_dir: Path) -> str:
     subtitle = " on ".join(part for part in (model, dataset) if part) or "model not recorded"
     status = ("complete: final test metrics present" if not metrics_problem
               else "no final test metrics (interrupted or still training)")
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{esc(name)}: {esc(subtitle)}</title>
-<style>{PAGE_CSS}</style>
-</head>
-<body>
-<h1>{esc(name)}</h1>
-<p class="sub">{esc(subtitle)} · run {esc(status)} · report generated {esc(stamp)}</p>
-<nav><a href="#metrics">Final metrics</a><a href="#curves">Training curves</a>\
-<a href="#figures">Figures</a><a href="#config">Config</a></nav>
-<h2 id="metrics">Final test metrics</h2>
-{_metrics_section(metrics, metrics_problem)}
-<h2 id="curves">Training curves</h2>
-{_curves_section(run_dir)}
-<h2 id="figures">Figures (latest epoch of each kind)</h2>
-{_figures_section(run_dir)}
-<h2 id="config">Config</h2>
-{_config_section(config, config_problem)}
-</body>
-</html>
-"""
+    return pages.render_page(
+        title=f"{name}: {subtitle}", heading=name,
+        subtitle=f"{subtitle} · run {status} · report generated {pages.timestamp()}",
+        sections=[
+            pages.Section("metrics", "Final test metrics",
+                          _metrics_section(metrics, metrics_problem), nav="Final metrics"),
+            pages.Section("curves", "Training curves", _curves_section(run_dir)),
+            pages.Section("figures", "Figures (latest epoch of each kind)",
+                          _figures_section(run_dir), nav="Figures"),
+            pages.Section("config", "Config", _config_section(config, config_problem)),
+        ])
 
 
 # --------------------------------------------------------------------------- writing
@@ -390,19 +334,6 @@ def _check_run_dir(run_dir: Path) -> None:
         raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file next to ``path``, then rename: readers never see half a page."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(run_dir: Path) -> Path:
     """Write ``<run_dir>/report.html`` and return its path.
 
@@ -412,7 +343,7 @@ def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     _check_run_dir(run_dir)
     out = run_dir / "report.html"
-    write_atomic(out, render_report(run_dir))
+    write_text(out, render_report(run_dir))
     return out
 
 

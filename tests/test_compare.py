@@ -1,4 +1,4 @@
-"""sae.compare and sae.tables: sweep files, the runner as a user calls it, tables and plots."""
+"""sae.compare and sae.sweep: sweep files, the runner as a user calls it, tables and plots."""
 
 import json
 import math
@@ -14,9 +14,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from sae import compare, figures, tables
+from sae import compare, figures
+from sae.figures import sweep as sweep_figures
 from sae.models import MODELS
 from sae.run import UsageError, build_parser
+from sae.sweep import analysis, launch, render, spec, tables
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -56,8 +58,8 @@ def one_line_error(rc: int, stderr: str) -> str:
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_presets_are_valid(preset):
-    sweep = compare.load_sweep(preset)
-    runs = compare.plan(sweep)  # every combination checked by sae.run's own parser
+    sweep = spec.load_sweep(preset)
+    runs = spec.plan(sweep)  # every combination checked by sae.run's own parser
     per_dataset = sum(len(e.grid or (None,)) for e in sweep.models)
     assert len(runs) == len(sweep.datasets) * per_dataset * len(sweep.seeds)
     assert {e.kind for e in sweep.models} == set(MODELS)
@@ -82,7 +84,7 @@ def test_plan_layers_common_model_and_grid(tmp_path):
             "models": {"l1": {"lambda": [0.1, 0.2], "epochs": 3},
                        "anneal": {"model": "entmax", "alpha-mode": "anneal"},
                        "topk": {"k": 8}}}
-    runs = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", data)))
+    runs = spec.plan(spec.load_sweep(write_yaml(tmp_path / "s.yaml", data)))
     assert len(runs) == (2 + 1 + 1) * 2
     l1 = [r for r in runs if r.model == "l1"]
     assert [r.value for r in l1] == [0.1, 0.1, 0.2, 0.2]
@@ -158,11 +160,11 @@ def test_publish_folder_with_other_files_is_refused_before_any_work(tmp_path, ca
 
 
 def test_publish_copies_the_outputs_but_not_the_runs(tmp_path):
-    sweep = compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
+    sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
     out = tmp_path / "out"
     (out / "runs").mkdir(parents=True)
     (out / "sweep.yaml").write_text(sweep.text)
-    compare.write_outputs(out, sweep, compare.plan(sweep), {})
+    render.write_outputs(out, sweep, spec.plan(sweep), {})
     pub = tmp_path / "figures" / "compare"
     copies = compare.publish(out, pub)
     names = sorted(p.name for p in pub.iterdir())
@@ -183,59 +185,59 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
 
 
 def test_run_state_and_commands(tmp_path):
-    run = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY)))[0]
+    run = spec.plan(spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY)))[0]
     folder = tmp_path / "run"
-    assert compare.run_state(folder) == "new"
+    assert launch.run_state(folder) == "new"
     folder.mkdir()
-    assert compare.run_state(folder) == "new"  # empty: sae.run may use it
+    assert launch.run_state(folder) == "new"  # empty: sae.run may use it
     (folder / "config.yaml").write_text("model: kl\n")
-    assert compare.run_state(folder) == "restart"
-    assert compare.train_command(run, folder, "restart")[-1] == "--overwrite"
+    assert launch.run_state(folder) == "restart"
+    assert launch.train_command(run, folder, "restart")[-1] == "--overwrite"
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert compare.run_state(folder) == "resume"
-    assert compare.train_command(run, folder, "resume")[3:] == ["--out", str(folder), "--resume"]
+    assert launch.run_state(folder) == "resume"
+    assert launch.train_command(run, folder, "resume")[3:] == ["--out", str(folder), "--resume"]
     (folder / "metrics.json").write_text("{}")
-    assert compare.run_state(folder) == "done"
+    assert launch.run_state(folder) == "done"
     other = tmp_path / "other"
     other.mkdir()
     (other / "x").write_text("")
-    assert compare.run_state(other) == "foreign"
+    assert launch.run_state(other) == "foreign"
 
 
 def test_job_env_splits_threads_and_gpus(monkeypatch):
     monkeypatch.setenv("SAE_RUN_DIR", "somewhere")
-    env = compare.job_env(1, 3, "2")
+    env = launch.job_env(1, 3, "2")
     assert env["OMP_NUM_THREADS"] == "3" and env["CUDA_VISIBLE_DEVICES"] == "2"
     assert "SAE_RUN_DIR" not in env
     monkeypatch.setenv("OMP_NUM_THREADS", "6")
-    assert compare.total_threads() == 6
+    assert launch.total_threads() == 6
 
 
-def test_trainer_gives_each_job_a_gpu_and_a_thread_share(tmp_path):
+def test_run_pool_gives_each_job_a_gpu_and_a_thread_share(tmp_path):
     tiny = {**TINY, "common": {**TINY["common"], "accelerator": "gpu"}}
-    runs = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", tiny)))
+    runs = spec.plan(spec.load_sweep(write_yaml(tmp_path / "s.yaml", tiny)))
     show = [sys.executable, "-c", "import os, time; time.sleep(0.5); "
             "print('env', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['OMP_NUM_THREADS'])"]
-    trainer = compare.Trainer(jobs=2, threads=3, gpus=["4", "7"])
-    futures = [trainer.submit(run, show, tmp_path / f"{i}.log") for i, run in enumerate(runs)]
+    pool = launch.RunPool(jobs=2, threads=3, gpus=["4", "7"])
+    futures = [pool.submit(run, show, tmp_path / f"{i}.log") for i, run in enumerate(runs)]
     assert [f.result()[0] for f in futures] == [0, 0]
-    trainer.pool.shutdown()
+    pool.executor.shutdown()
     seen = sorted(line.split()[1:] for i in range(2) for line in
                   (tmp_path / f"{i}.log").read_text().splitlines() if line.startswith("env"))
     assert seen == [["4", "3"], ["7", "3"]]  # both ran at once, on different GPUs
 
 
-def test_trainer_stop_interrupts_and_starts_nothing_new(tmp_path):
-    runs = compare.plan(compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY)))
+def test_run_pool_stop_interrupts_and_starts_nothing_new(tmp_path):
+    runs = spec.plan(spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY)))
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
-    trainer = compare.Trainer(jobs=1, threads=1, gpus=[])
-    first = trainer.submit(runs[0], sleep, tmp_path / "a.log")
-    second = trainer.submit(runs[1], sleep, tmp_path / "b.log")
-    while not trainer.live:
+    pool = launch.RunPool(jobs=1, threads=1, gpus=[])
+    first = pool.submit(runs[0], sleep, tmp_path / "a.log")
+    second = pool.submit(runs[1], sleep, tmp_path / "b.log")
+    while not pool.live:
         time.sleep(0.05)
     start = time.perf_counter()
-    trainer.stop()
+    pool.stop()
     assert time.perf_counter() - start < 30
     assert first.result()[0] != 0  # interrupted
     assert second.cancelled() or second.result()[0] is None  # never started
@@ -243,17 +245,17 @@ def test_trainer_stop_interrupts_and_starts_nothing_new(tmp_path):
 
 
 def test_outputs_of_a_sweep_with_no_finished_run(tmp_path):
-    sweep = compare.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
-    written = compare.write_outputs(tmp_path, sweep, compare.plan(sweep), {})
+    sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
+    written = render.write_outputs(tmp_path, sweep, spec.plan(sweep), {})
     assert {p.name for p in written} >= {"results.csv", "comparison.md", "comparison.html"}
     assert list(pd.read_csv(tmp_path / "results.csv").columns) == tables.RESULT_COLUMNS
     assert "0 of 2 runs finished" in (tmp_path / "comparison.md").read_text()
 
 
 def test_pearson():
-    assert compare.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
-    assert compare.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert compare.pearson([4, 4, 4], [1, 2, 3]) is None  # constant L0 (TopK): undefined
+    assert analysis.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert analysis.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert analysis.pearson([4, 4, 4], [1, 2, 3]) is None  # constant L0 (TopK): undefined
 
 
 # --------------------------------------------------------------------------- tables
@@ -424,7 +426,7 @@ def test_comparison_plots_accept_empty_frames():
 def test_pareto_front():
     l0 = np.array([5.0, 10, 20, 8, 30])
     err = np.array([0.5, 0.3, 0.1, 0.6, 0.2])
-    assert list(figures._pareto_front(l0, err)) == [0, 1, 2]
+    assert list(sweep_figures._pareto_front(l0, err)) == [0, 1, 2]
 
 
 # --------------------------------------------------------------------------- the runner
@@ -458,9 +460,9 @@ def test_sweep_writes_tables_and_page(finished_sweep):
     md = (out / "comparison.md").read_text()
     assert "## mnist" in md and "vs KL-SAE" in md and "raw pixels" in md and "k = 4" in md
     page = (out / "comparison.html").read_text()
-    assert page.count("data:image/png;base64,") == len(compare.FIGURE_FILES)
+    assert page.count("data:image/png;base64,") == len(render.FIGURE_FILES)
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")
-    assert all((out / name).is_file() for name in compare.FIGURE_FILES)
+    assert all((out / name).is_file() for name in render.FIGURE_FILES)
     assert json.loads((out / "raw_probe.json").read_text())[0]["dataset"] == "mnist"
 
 
@@ -511,4 +513,4 @@ def test_bad_input_from_the_shell(tmp_path, data_dir):
 
 def test_usage_error_is_the_cli_one():
     with pytest.raises(UsageError):
-        compare.load_sweep("no/such/file.yaml")
+        spec.load_sweep("no/such/file.yaml")

@@ -1,4 +1,4 @@
-"""Tests for sae.figures: panel and tile counts, titles, ordering, and degenerate inputs."""
+"""sae.figures (run figures, training curves, shared helpers): panels, tiles, degenerate input."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from sae import figures as F
+from sae.figures import common
+from sae.figures.run import ATOM_GAP
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SHAPE = (8, 8)  # small tiles keep rendering cheap; D = 64
@@ -77,7 +79,7 @@ def test_sparsity_histogram_empty_class_gets_a_facet(rng):
 
 
 def test_sparsity_histogram_wide_codes_use_integer_bins_of_several_units():
-    edges, width = F._l0_edges(np.array([0, 1000]))
+    edges, width = common.l0_edges(np.array([0, 1000]))
     assert width > 1
     assert np.allclose(np.diff(edges), width)
     assert np.allclose(edges + 0.5, np.round(edges + 0.5))  # edges sit on half-integers
@@ -176,10 +178,10 @@ def test_decoder_atoms_most_used_first_and_symmetric_scale(rng):
     assert ax.images[0].get_clim() == (-1, 1)
     # each tile is its atom divided by its own max |w|, laid out most frequent first
     expected = [dec[:, j] / (np.abs(dec[:, j]).max() or 1.0) for j in (2, 3, 4, 0)]
-    cols = F._grid_shape(4)[1]
+    cols = common.grid_shape(4)[1]
     mosaic = mosaic_of(fig)
     band = 3  # the label band of 8-pixel tiles: max(8 // 3, 3)
-    layout = F.tile_mosaic(np.reshape(expected, (4, *SHAPE)), cols, gap=F.ATOM_GAP, band=band)
+    layout = F.tile_mosaic(np.reshape(expected, (4, *SHAPE)), cols, gap=ATOM_GAP, band=band)
     assert layout.shape == mosaic.shape
     np.testing.assert_allclose(mosaic, layout)
     assert np.nanmax(np.abs(mosaic)) == pytest.approx(1.0)
@@ -190,7 +192,7 @@ def test_decoder_atoms_most_used_first_and_symmetric_scale(rng):
 def test_decoder_atoms_odd_input_size_falls_back_to_a_strip(rng):
     fig = F.decoder_atoms(rng.normal(size=(10, 3)), np.ones(3), image_shape=(28, 28))
     mosaic = mosaic_of(fig)
-    assert mosaic.shape[1] == 2 * (10 + F.ATOM_GAP) - F.ATOM_GAP  # 1 x 10 strips, 2 per row
+    assert mosaic.shape[1] == 2 * (10 + ATOM_GAP) - ATOM_GAP  # 1 x 10 strips, 2 per row
     assert np.isfinite(mosaic).sum() == 30
     render(fig)
 

@@ -19,7 +19,6 @@ is derived from it:
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Iterable, Mapping
 
@@ -232,13 +231,10 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def to_html(table: pd.DataFrame) -> str:
-    """An HTML ``<table>`` (escaped text; number cells get class ``num``)."""
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    rows = []
-    for row in table.itertuples(index=False):
-        cells = "".join(
-            f'<td class="num">{html.escape(str(v))}</td>' if _is_number_text(str(v))
-            else f"<td>{html.escape(str(v))}</td>" for v in row)
-        rows.append(f"<tr>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+def to_html(table: pd.DataFrame):
+    """An HTML ``<table>`` (:func:`sae.pages.table`: escaped text; number cells get class
+    ``num``)."""
+    from sae import pages
+
+    return pages.table(table.columns, table.itertuples(index=False),
+                       cell_class=lambda _, text: "num" if _is_number_text(text) else None)

@@ -1,0 +1,423 @@
+"""Figures of one run: what the SAE learned, from validation statistics (numpy in, Figure out).
+
+Drawn by the figure callback during training (``figures/<kind>/epoch_<E>.png``) and shown in the
+run's report: sparsity histogram, unit firing-frequency grid, class × unit heatmap, feature
+density, decoder atoms and reconstructions.
+
+Vocabulary used in titles and labels:
+
+- *firing frequency* of a unit: the fraction of inputs on which its code value is non-zero;
+- *dead* unit: firing frequency exactly 0 over the evaluated inputs;
+- *L0* of an input: how many units are non-zero in its code.
+
+Inputs are assumed finite. The degenerate cases a young or collapsed SAE produces (every unit
+dead, L0 = 0 everywhere, a single unit, a single class, classes without samples, all-zero arrays)
+give a figure that says so instead of raising.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import matplotlib as mpl
+import numpy as np
+import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.colors import LogNorm, PowerNorm
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from sae.figures.common import (
+    drop_unused,
+    empty_note,
+    grid_shape,
+    l0_edges,
+    styled,
+    tile_centre,
+    tile_mosaic,
+)
+
+__all__ = ["ATOM_GAP", "activation_frequency_grid", "class_unit_heatmap", "decoder_atoms",
+           "feature_density_histogram", "reconstructions", "sparsity_histogram"]
+
+ATOM_GAP = 2  # pixels between decoder-atom tiles
+
+_DEAD_COLOUR = "#d62728"  # red: outside viridis, so a dead unit never looks like a rare one
+_PAD_COLOUR = "#ececec"  # grid cells that hold no unit
+_DENSE_THRESHOLD = 0.5  # matches metrics.dense_fraction: fires on more than half of the inputs
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _tile_shape(d: int, image_shape: Sequence[int]) -> tuple[int, int]:
+    """A 2-D shape for a vector of length ``d``: ``image_shape`` if it fits, else a fallback.
+
+    Falling back (to a square when ``d`` is a perfect square, else a 1 x d strip) keeps MLP
+    decoders or non-image data plottable instead of raising.
+    """
+    h, w = (int(s) for s in image_shape)
+    if h * w == d:
+        return h, w
+    side = math.isqrt(d)
+    return (side, side) if side * side == d else (1, max(d, 1))
+
+
+def _percent(f: float) -> str:
+    """Firing frequency as a short percentage: 0.5 -> '50%', 0.00012 -> '0.012%'."""
+    if f <= 0:
+        return "dead"
+    pct = 100 * f
+    return f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
+
+
+def _image_axes(ax: Axes) -> None:
+    """Strip ticks and grid from an axes that shows an image tile."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+
+
+
+# --------------------------------------------------------------------------- sparsity histogram
+
+
+def _l0_panel(
+    ax: Axes, l0: np.ndarray, edges: np.ndarray, name: str, colour: str, overall: np.ndarray | None
+) -> None:
+    """One facet: fraction of samples per L0 bin, the mean as a dashed line.
+
+    ``overall`` (all samples, ``[N]``), when given, is drawn as a grey outline for reference.
+    """
+    if overall is not None and overall.size:
+        ref, _ = np.histogram(overall, bins=edges)
+        ax.stairs(ref / overall.size, edges, color="0.45", lw=1.0)
+    if l0.size == 0:
+        ax.set_title(f"{name}\nn = 0")
+        ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+        return
+    counts, _ = np.histogram(l0, bins=edges)
+    ax.stairs(counts / l0.size, edges, fill=True, color=colour, alpha=0.75)
+    mean = float(l0.mean())
+    ax.axvline(mean, color="k", ls="--", lw=1.0)
+    ax.set_title(f"{name}\nn = {l0.size:,}, mean L0 = {mean:.3g}")
+
+
+@styled
+def sparsity_histogram(
+    l0: np.ndarray, labels: np.ndarray | None = None, class_names: list[str] | None = None
+) -> Figure:
+    """Histogram of per-sample L0, overall and (with ``labels``) one facet per class.
+
+    Args:
+        l0: ``[N]`` number of active units of each input.
+        labels: ``[N]`` integer class of each input, or None for the overall histogram only.
+        class_names: ``[C]`` names of classes ``0..C-1``; classes without samples still get a
+            facet (marked "no samples") so facets line up across runs.
+
+    Returns:
+        A figure with ``1`` axes, or ``1 + C`` axes (overall first) when labels are given; the
+        class facets overlay the overall distribution in grey for comparison.
+    """
+    l0 = np.asarray(l0).ravel()
+    edges, width = l0_edges(l0)
+    xlabel = "L0 (active units per input)" + (f", bins of {width}" if width > 1 else "")
+    if labels is None:
+        fig = Figure(figsize=(6.0, 3.8), layout="constrained")
+        ax = fig.add_subplot()
+        _l0_panel(ax, l0, edges, "all samples", "C0", None)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel=xlabel, ylabel="fraction of samples")
+        fig.suptitle("Sparsity: active units per input")
+        return fig
+
+    labels = np.asarray(labels).ravel()
+    classes = sorted(set(range(len(class_names or []))) | {int(c) for c in np.unique(labels)})
+    names = [
+        class_names[c] if class_names is not None and 0 <= c < len(class_names) else f"class {c}"
+        for c in classes
+    ]
+    rows, cols = grid_shape(1 + len(classes), max_cols=4)
+    fig = Figure(figsize=(3.3 * cols, 2.5 * rows + 0.5), layout="constrained")
+    axes = drop_unused(fig, fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False),
+                        1 + len(classes))
+    # Small multiples share one colour: the facet title names the class, and the grey outline
+    # of the overall distribution is the common reference.
+    _l0_panel(axes[0], l0, edges, "all samples", "0.45", None)
+    for i, (c, name) in enumerate(zip(classes, names, strict=True)):
+        _l0_panel(axes[i + 1], l0[labels == c], edges, str(name), "C0", l0)
+    handles = [Patch(color="C0", alpha=0.75, label="this class"),
+               Line2D([], [], color="0.45", lw=1.0, label="all samples"),
+               Line2D([], [], color="k", ls="--", lw=1.0, label="mean")]
+    fig.legend(handles=handles, loc="outside right upper", frameon=False)
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelbottom=True)
+    fig.supxlabel(xlabel)
+    fig.supylabel("fraction of samples in panel")
+    fig.suptitle("Sparsity per class: active units per input")
+    return fig
+
+
+# --------------------------------------------------------------------------- unit frequency grid
+
+
+def _log_limits(freq: np.ndarray) -> tuple[float, float]:
+    """Colour limits for a log scale over the positive frequencies (sane when none exist)."""
+    alive = freq[freq > 0]
+    if alive.size == 0:
+        return 1e-4, 1.0
+    lo, hi = float(alive.min()), float(alive.max())
+    if lo == hi:  # one unit, or all units equally busy: give the scale a decade of room
+        lo = hi / 10
+    return lo, hi
+
+
+@styled
+def activation_frequency_grid(freq: np.ndarray) -> Figure:
+    """Per-unit firing frequency ``[H]`` as a near-square grid of cells, log colour scale.
+
+    Unit ``j`` sits at row ``j // cols``, column ``j % cols``. Dead units (frequency 0) cannot
+    be shown on a log scale, so they get their own colour (red, with a white cross) named in
+    the legend; cells past the last unit are light grey.
+    """
+    freq = np.asarray(freq, dtype=float).ravel()
+    h = freq.size
+    rows, cols = grid_shape(h)
+    lo, hi = _log_limits(freq)
+    # Dead units are set below vmin so the colormap paints them with its "under" colour;
+    # padding is NaN so it takes the "bad" colour.
+    cells = np.full(rows * cols, np.nan)
+    cells[:h] = np.where(freq > 0, freq, lo / 10)
+    cmap = mpl.colormaps["viridis"].with_extremes(under=_DEAD_COLOUR, bad=_PAD_COLOUR)
+
+    fig = Figure(figsize=(6.4, 5.6), layout="constrained")
+    ax = fig.add_subplot()
+    im = ax.imshow(cells.reshape(rows, cols), cmap=cmap, norm=LogNorm(lo, hi))
+    ax.grid(False)
+    dead = np.flatnonzero(freq <= 0)
+    if dead.size and cols <= 64:  # a cross adds a cue that does not rely on colour vision
+        size = (0.5 * 330 / cols) ** 2
+        ax.scatter(dead % cols, dead // cols, marker="x", s=size, c="white", lw=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)) * cols}"))
+    ax.set(xlabel="column (unit index = row start + column)", ylabel="row start (unit index)")
+    fig.colorbar(im, ax=ax, label="firing frequency (fraction of inputs, log scale)")
+    handles = [Patch(color=_DEAD_COLOUR, label=f"dead unit (never fired): {dead.size}")]
+    if rows * cols > h:
+        handles.append(Patch(facecolor=_PAD_COLOUR, edgecolor="0.6", label="no unit"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
+    share = 100 * dead.size / h if h else 0.0
+    fig.suptitle(f"Unit firing frequency: {h:,} units, {dead.size:,} dead ({share:.1f}%)")
+    return fig
+
+
+# --------------------------------------------------------------------------- class x unit heatmap
+
+
+@styled
+def class_unit_heatmap(
+    class_freq: np.ndarray, class_names: list[str] | None = None, max_units: int = 128
+) -> Figure:
+    """Firing frequency of each unit within each class, as a class x unit heatmap.
+
+    Args:
+        class_freq: ``[C, H]`` fraction of class ``c``'s inputs on which unit ``j`` fires.
+        class_names: ``[C]`` row labels (missing ones fall back to the class index).
+        max_units: show at most this many units: the most frequent ones.
+
+    Units are ordered by overall frequency, most frequent first, where overall is the mean over
+    classes (each class weighs the same, as the class sizes are not known here; ties keep unit
+    order). The colour scale is square-root so rare units remain visible next to busy ones and
+    zero stays white.
+    """
+    class_freq = np.atleast_2d(np.asarray(class_freq, dtype=float))
+    c, h = class_freq.shape
+    k = min(max(int(max_units), 1), h)
+    order = np.argsort(-class_freq.mean(axis=0), kind="stable")[:k] if c else np.arange(k)
+    shown = class_freq[:, order]
+    names = [
+        class_names[i] if class_names is not None and i < len(class_names) else str(i)
+        for i in range(c)
+    ]
+
+    width = min(max(6.0, 0.075 * k + 2.5), 16.0)
+    fig = Figure(figsize=(width, 0.32 * max(c, 1) + 2.2), layout="constrained")
+    ax = fig.add_subplot()
+    title = f"Firing frequency per class: {k} most frequent of {h:,} units"
+    fig.suptitle(title)
+    if c == 0 or k == 0:
+        empty_note(ax, "no classes" if c == 0 else "no units")
+        return fig
+    vmax = float(shown.max()) if shown.max() > 0 else 1.0
+    cmap = sns.color_palette("rocket_r", as_cmap=True)
+    im = ax.imshow(shown, aspect="auto", cmap=cmap, norm=PowerNorm(0.5, vmin=0, vmax=vmax))
+    ax.grid(False)
+    step = max(1, math.ceil(k / 40))  # about 40 readable unit labels at most
+    ax.set_xticks(np.arange(0, k, step), [str(j) for j in order[::step]], rotation=90,
+                  fontsize="x-small")
+    ax.set_yticks(np.arange(c), names)
+    ax.set(xlabel="unit index (ordered by overall firing frequency, most frequent first)",
+           ylabel="class")
+    fig.colorbar(im, ax=ax, label="fraction of class inputs\n(square-root scale)")
+    return fig
+
+
+# --------------------------------------------------------------------------- feature density
+
+
+@styled
+def feature_density_histogram(freq: np.ndarray) -> Figure:
+    """Histogram of log10 firing frequency ``[H]``, ten bins per decade.
+
+    Dead units have no logarithm; they are drawn as a separate red bar labelled "dead" and
+    counted in the title and legend rather than dropped silently. A dashed line marks the
+    dense threshold (firing on more than half of the inputs).
+    """
+    freq = np.asarray(freq, dtype=float).ravel()
+    h = freq.size
+    alive = freq[freq > 0]
+    dead = h - alive.size
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    share = 100 * dead / h if h else 0.0
+    fig.suptitle(f"Feature density: {h:,} units, {dead:,} dead ({share:.1f}%)")
+    ax.set(xlabel="log10 firing frequency (fraction of inputs on which the unit fires)",
+           ylabel="number of units")
+    logs = np.log10(alive) if alive.size else np.array([-4.0])
+    hi = max(0, math.ceil(float(logs.max())))
+    lo = min(math.floor(float(logs.min())), hi - 1)
+    counts, edges = np.histogram(np.log10(alive), bins=np.linspace(lo, hi, 10 * (hi - lo) + 1))
+    ax.stairs(counts, edges, fill=True, color="C0", alpha=0.8,
+              label=f"live units: {alive.size:,}")
+    # log10(0) does not exist, so dead units get a bar of their own left of the axis range,
+    # with its own tick, rather than vanishing from the histogram.
+    dead_x = lo - 0.6
+    ax.bar(dead_x, dead, width=0.4, color=_DEAD_COLOUR, label=f"dead units (frequency 0): {dead:,}")
+    ticks = list(range(lo, hi + 1))
+    ax.set_xticks([dead_x, *ticks], ["dead", *(str(t) for t in ticks)])
+    ax.axvline(np.log10(_DENSE_THRESHOLD), color="0.3", ls="--", lw=1.0,
+               label="dense threshold (fires on 50% of inputs)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0, top=max(1, counts.max(initial=0), dead) * 1.25)  # room for the legend
+    ax.legend(loc="upper left", fontsize="small")
+    return fig
+
+
+# --------------------------------------------------------------------------- image tiles
+
+
+@styled
+def decoder_atoms(
+    decoder: np.ndarray,
+    freq: np.ndarray,
+    n: int = 64,
+    image_shape: Sequence[int] = (28, 28),
+) -> Figure:
+    """Decoder columns as image tiles, most frequently firing units first.
+
+    Args:
+        decoder: ``[D, H]`` decoder weight; column ``j`` is what unit ``j`` adds to the image.
+        freq: ``[H]`` firing frequency of each unit (orders the tiles, titles them).
+        n: show ``min(n, H)`` tiles.
+        image_shape: ``(height, width)`` with ``height * width == D``; other ``D`` fall back
+            to a square or a strip.
+
+    Each tile uses a diverging colormap centred at 0 and its own symmetric range
+    ``[-max|w|, +max|w|]``: atoms differ in norm, and a shared range would blank the weak ones.
+    """
+    decoder = np.asarray(decoder, dtype=float)
+    decoder = decoder.reshape(-1, 1) if decoder.ndim == 1 else decoder
+    freq = np.asarray(freq, dtype=float).ravel()
+    d, h = decoder.shape
+    if freq.size != h:
+        raise ValueError(f"freq has {freq.size} entries but the decoder has {h} units")
+    k = min(max(int(n), 0), h)
+    shape = _tile_shape(d, image_shape)
+    order = np.argsort(-freq, kind="stable")[:k]
+    rows, cols = grid_shape(k)
+    strip = shape[0] == 1
+    band = 3 if strip else max(shape[0] // 3, 3)
+    tile_w = 3.0 if strip else 1.15
+    fig = Figure(figsize=(max(cols * tile_w + 1.4, 4.0), rows * (0.6 if strip else 1.3) + 0.9),
+                 layout="constrained")
+    fig.suptitle(f"Decoder atoms: {k} most frequently firing of {h:,} units")
+    ax = fig.add_subplot()
+    if k == 0:
+        empty_note(ax, "no units")
+        return fig
+    atoms = decoder[:, order].T
+    scale = np.abs(atoms).max(1, keepdims=True)
+    atoms = atoms / np.where(scale > 0, scale, 1.0)  # an all-zero atom stays white
+    cmap = mpl.colormaps["RdBu_r"].with_extremes(bad="white")
+    mosaic = tile_mosaic(atoms.reshape(k, *shape), cols, gap=ATOM_GAP, band=band)
+    ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, aspect="equal")
+    _image_axes(ax)
+    ax.set_frame_on(False)
+    for i, j in enumerate(order):
+        ax.text(*tile_centre(i, cols, shape, ATOM_GAP, band), f"#{j}: {_percent(float(freq[j]))}",
+                ha="center", va="center", fontsize="x-small")
+    bar = fig.colorbar(ax.images[0], ax=ax, shrink=0.5, ticks=[-1, 0, 1])
+    bar.ax.set_yticklabels(["−max|w|", "0", "+max|w|"])
+    bar.set_label("decoder weight\n(each tile scaled to its own max |w|)")
+    fig.supxlabel("tile title: unit index and firing frequency", fontsize="small")
+    return fig
+
+
+@styled
+def reconstructions(
+    x: np.ndarray, x_hat: np.ndarray, image_shape: Sequence[int] = (28, 28), n: int = 16
+) -> Figure:
+    """Inputs (top row) above their reconstructions (bottom row), shared grey scale.
+
+    Args:
+        x: ``[N, D]`` inputs.
+        x_hat: ``[N, D]`` reconstructions of the same inputs.
+        image_shape: ``(height, width)`` with ``height * width == D``.
+        n: show the first ``min(n, N)`` pairs; more than 8 pairs wrap into further row pairs
+            (each input row directly above its output row) to keep the figure page-shaped.
+
+    Each reconstruction is labelled, just above it, with its own mean squared error.
+    """
+    x = np.atleast_2d(np.asarray(x, dtype=float))
+    x_hat = np.atleast_2d(np.asarray(x_hat, dtype=float))
+    if x.shape != x_hat.shape:
+        raise ValueError(f"x {x.shape} and x_hat {x_hat.shape} differ in shape")
+    k = min(max(int(n), 0), x.shape[0])
+    shape = _tile_shape(x.shape[1], image_shape)
+    cols = min(max(k, 1), 8)
+    pairs = math.ceil(k / cols) if k else 1
+    fig = Figure(figsize=(max(cols * 0.95 + 1.6, 5.5), pairs * 2.3 + 0.6), layout="constrained")
+    fig.suptitle("Reconstructions: each input above its SAE output")
+    ax = fig.add_subplot()
+    if k == 0:
+        empty_note(ax, "no samples")
+        return fig
+    shown = np.concatenate([x[:k], x_hat[:k]])
+    lo, hi = float(shown.min()), float(shown.max())
+    hi = hi if hi > lo else lo + 1.0
+    # Mosaic rows alternate inputs and outputs; padding cells (NaN) fill a short last row.
+    pad = np.full((pairs * cols - k, x.shape[1]), np.nan)
+    grid = np.concatenate([x[:k], pad]).reshape(pairs, cols, -1)
+    grid_hat = np.concatenate([x_hat[:k], pad]).reshape(pairs, cols, -1)
+    tiles = np.stack([grid, grid_hat], 1).reshape(2 * pairs * cols, *shape)
+    band = max(shape[0] // 3, 3)
+    cmap = mpl.colormaps["gray_r"].with_extremes(bad="white")
+    im = ax.imshow(tile_mosaic(tiles, cols, gap=1, band=band), cmap=cmap, vmin=lo, vmax=hi,
+                   aspect="equal")
+    _image_axes(ax)
+    ax.set_frame_on(False)
+    for i in range(k):
+        cell = (2 * (i // cols) + 1) * cols + i % cols  # the output tile of pair i
+        mse = float(np.mean((x[i] - x_hat[i]) ** 2))
+        ax.text(*tile_centre(cell, cols, shape, 1, band), f"MSE {mse:.2g}",
+                ha="center", va="center", fontsize="x-small")
+    pitch = band + shape[0] + 1
+    centres = [r * pitch + band + (shape[0] - 1) / 2 for r in range(2 * pairs)]
+    ax.set_yticks(centres, ["input", "output"] * pairs)
+    fig.colorbar(im, ax=ax, shrink=0.7, label="pixel value")
+    return fig

@@ -1,0 +1,166 @@
+"""The one HTML renderer of the project's pages: a run's ``report.html`` and a sweep's
+``comparison.html``.
+
+A page is self-contained: the CSS (:data:`PAGE_CSS`) is inline and images are inline PNG
+``data:`` URIs (:func:`inline_png`), with no scripts and no external references, so it opens
+anywhere, offline, and can be mailed or archived alone. :func:`render_page` owns the skeleton
+(title, subtitle, introduction, a navigation bar and one ``<h2>`` section per :class:`Section`);
+:func:`table`, :func:`figure`, :func:`missing`, :func:`code_block` and :func:`fragment` build the
+pieces that go into a section.
+
+Why jinja2 rather than f-strings: with ``autoescape`` on, every value placed in a page is
+escaped unless it is a :class:`markupsafe.Markup` fragment built here, so text read from run
+folders and sweep files (a config value such as ``<script>``) cannot inject markup, and no
+caller escapes by hand. :func:`fragment` uses the same rule for small pieces
+(``Markup.format`` escapes its arguments). jinja2 (with markupsafe) is already installed with
+PyTorch, so it adds no new package to the environment.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import jinja2
+from markupsafe import Markup
+
+__all__ = ["PAGE_CSS", "Section", "code_block", "figure", "fragment", "inline_png",
+           "join", "missing", "render_page", "table", "timestamp"]
+
+PAGE_CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
+       max-width: 1180px; margin: 2rem auto; padding: 0 1.2rem; line-height: 1.45; }
+h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
+h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
+h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
+.sub { color: #666; margin-top: 0; }
+nav a { margin-right: 1rem; color: #2a5db0; }
+table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; }
+th, td { text-align: left; padding: 0.25rem 0.8rem; border-bottom: 1px solid #e6e6e6;
+         vertical-align: top; }
+th { background: #f4f4f4; }
+td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.note { color: #666; }
+figure { margin: 0.6rem 0 1.6rem 0; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9rem; }
+.missing { background: #fff6e5; border-left: 4px solid #f0a020; padding: 0.5rem 0.8rem; }
+code { background: #f4f4f4; padding: 0 0.2rem; }
+"""
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                          lstrip_blocks=True, keep_trailing_newline=True)
+
+_PAGE = _ENV.from_string("""\
+<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ title }}</title>
+<style>{{ css }}</style>
+</head>
+<body>
+<h1>{{ heading }}</h1>
+<p class="sub">{{ subtitle }}</p>
+{% for text in intro %}
+<p>{{ text }}</p>
+{% endfor %}
+<nav>{% for s in sections %}<a href="#{{ s.anchor }}">{{ s.nav or s.heading }}</a>{% endfor %}\
+</nav>
+{% for s in sections %}
+<h2 id="{{ s.anchor }}">{{ s.heading }}</h2>
+{{ s.body }}
+{% endfor %}
+</body>
+</html>
+""")
+
+_TABLE = _ENV.from_string(
+    "<table><tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>"
+    "{% for row in rows %}<tr>{% for cls, text in row %}"
+    '<td{% if cls %} class="{{ cls }}"{% endif %}>{{ text }}</td>'
+    "{% endfor %}</tr>{% endfor %}</table>")
+
+
+@dataclass(frozen=True)
+class Section:
+    """One ``<h2>`` part of a page, linked from the navigation bar.
+
+    ``body`` is text (escaped) or a fragment built by this module; ``nav`` is the link's label
+    when it should be shorter than the heading.
+    """
+
+    anchor: str
+    heading: str
+    body: str | Markup
+    nav: str | None = None
+
+
+def render_page(title: str, heading: str, subtitle: str, sections: Sequence[Section],
+                intro: Iterable[str | Markup] = ()) -> str:
+    """The complete HTML text of a page.
+
+    Args:
+        title: the browser tab's title.
+        heading: the ``<h1>``.
+        subtitle: one grey line under the heading (what, when).
+        sections: the page's parts, in order; each also gets a link in the navigation bar.
+        intro: paragraphs between the subtitle and the navigation bar.
+    """
+    return _PAGE.render(title=title, heading=heading, subtitle=subtitle, intro=list(intro),
+                        sections=list(sections), css=Markup(PAGE_CSS))
+
+
+def fragment(template: str, *args: object, **kwargs: object) -> Markup:
+    """``template`` (trusted markup written in the code) with its ``{}`` fields filled by
+    ``args`` / ``kwargs``, each escaped unless it is itself a fragment."""
+    return Markup(template).format(*args, **kwargs)
+
+
+def join(parts: Iterable[str | Markup]) -> Markup:
+    """Fragments (and escaped text) one after the other."""
+    return Markup("").join(parts)
+
+
+def table(head: Sequence[object], rows: Iterable[Sequence[object]],
+          cell_class: Callable[[int, str], str | None] | None = None) -> Markup:
+    """An HTML ``<table>``: a header row, then one row per item of ``rows``.
+
+    Cells are shown as ``str(value)``, escaped; ``cell_class(column, text)`` gives a cell its CSS
+    class (``"num"`` for numbers, ``"note"`` for grey notes) or None.
+    """
+    def cells(row: Sequence[object]) -> list[tuple[str | None, str]]:
+        texts = [str(v) for v in row]
+        return [(cell_class(i, t) if cell_class else None, t) for i, t in enumerate(texts)]
+
+    return Markup(_TABLE.render(head=[str(h) for h in head], rows=[cells(r) for r in rows]))
+
+
+def inline_png(png: bytes, alt: str) -> Markup:
+    """An ``<img>`` whose source is the PNG itself, as a base64 ``data:`` URI."""
+    data = base64.b64encode(png).decode("ascii")
+    return fragment('<img src="data:image/png;base64,{}" alt="{}">', data, alt)
+
+
+def figure(png: bytes, alt: str, caption: str | Markup) -> Markup:
+    """An inline PNG with its caption."""
+    return fragment("<figure>{}<figcaption>{}</figcaption></figure>", inline_png(png, alt),
+                    caption)
+
+
+def missing(text: str) -> Markup:
+    """A highlighted note saying what a page cannot show yet, and why."""
+    return fragment('<p class="missing">{}</p>', text)
+
+
+def code_block(text: str) -> Markup:
+    """Text shown as written (a config or sweep file)."""
+    return fragment("<pre><code>{}</code></pre>", text)
+
+
+def timestamp() -> str:
+    """Now, in UTC, as pages state when they were generated: '2026-11-29 10:15 UTC'."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -1,0 +1,198 @@
+"""Analysis of finished runs, and the frames the comparison is drawn from.
+
+:func:`analyse_run` loads a finished run's ``checkpoints/last.ckpt``, encodes the run's own
+training and test images and records (in ``analysis.json``, cached until ``metrics.json``
+changes or :data:`ANALYSIS_VERSION` moves on):
+
+- the linear probe's test accuracy (``sae.metrics.linear_probe``: train-set codes -> test-set
+  codes);
+- the mean L0 of each class on the test set;
+- the Pearson correlation between a test input's L0 and its ink (sum of pixels; undefined,
+  stored as null, when L0 or ink is constant).
+
+The per-sample test L0 is saved as ``test_l0.npy``. :func:`raw_probes` fits the same probe on raw
+pixels once per data split (cached in ``raw_probe.json``), and :func:`collect` gathers the
+finished runs into the frames that the tables and plots take.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from sae.io import atomic_file, write_json
+from sae.sweep.spec import Run
+
+__all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
+           "pearson", "raw_by_dataset", "raw_probes"]
+
+ANALYSIS_VERSION = 1
+SPLIT_KEYS = ("dataset", "val_size", "limit_train", "limit_test")  # settings naming a data split
+
+
+class DataCache:
+    """The data splits of recent runs, so that runs sharing a split load it once."""
+
+    def __init__(self, keep: int = 2):
+        self.keep, self.items = keep, {}
+
+    def get(self, settings: dict):
+        """The set-up ``ImageDataModule`` of a run's settings (dataset, folder, split sizes)."""
+        from sae.data import ImageDataModule
+
+        key = tuple(settings.get(k) for k in ("dataset", "data_dir", "val_size", "limit_train",
+                                              "limit_test"))
+        if key not in self.items:
+            dm = ImageDataModule(key[0], key[1], val_size=key[2], limit_train=key[3],
+                                 limit_test=key[4])
+            dm.setup()
+            self.items[key] = dm
+            while len(self.items) > self.keep:
+                self.items.pop(next(iter(self.items)))
+        return self.items[key]
+
+
+def pearson(a, b) -> float | None:
+    """Pearson correlation of two 1-d arrays; None when either is constant (undefined)."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    a, b = a - a.mean(), b - b.mean()
+    denom = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / denom) if denom > 0 else None
+
+
+def analysis_is_current(folder: Path) -> bool:
+    """Whether ``analysis.json`` and ``test_l0.npy`` exist, are of this version and are newer
+    than the run's ``metrics.json``."""
+    path = folder / "analysis.json"
+    if not path.is_file() or not (folder / "test_l0.npy").is_file():
+        return False
+    try:
+        version = json.loads(path.read_text()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return version == ANALYSIS_VERSION and \
+        path.stat().st_mtime >= (folder / "metrics.json").stat().st_mtime
+
+
+def analyse_run(folder: Path, data: DataCache) -> dict:
+    """Probe, per-class L0 and L0–ink correlation of a finished run (cached in analysis.json)."""
+    if analysis_is_current(folder):
+        return json.loads((folder / "analysis.json").read_text())
+    import numpy as np
+    import torch
+
+    from sae import metrics
+    from sae.models import encode_dataset, load_checkpoint
+
+    settings = yaml.safe_load((folder / "config.yaml").read_text())
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    model = load_checkpoint(ckpt)
+    dm = data.get(settings)
+    _, train_codes = encode_dataset(model, dm.train_x)
+    _, test_codes = encode_dataset(model, dm.test_x)
+    probe = metrics.linear_probe(train_codes, dm.train_y, test_codes, dm.test_y, seed=0)
+    test_l0 = metrics.l0(test_codes, model.fire_threshold).to(torch.int32).numpy()
+    labels = dm.test_y.numpy()
+    class_l0 = [float(test_l0[labels == c].mean()) if (labels == c).any() else None
+                for c in range(len(dm.class_names))]
+    result = {
+        "version": ANALYSIS_VERSION,
+        "probe_accuracy": probe.test_accuracy,
+        "probe_train_accuracy": probe.train_accuracy,
+        "probe_iterations": probe.n_iter,
+        "l0_ink_corr": pearson(test_l0, metrics.ink(dm.test_x).numpy()),
+        "l0_mean": float(test_l0.mean()) if test_l0.size else None,
+        "class_names": list(dm.class_names),
+        "class_l0_mean": class_l0,
+        "fire_threshold": float(model.fire_threshold),
+        # last.ckpt is written at the last validation, which can precede the final step
+        "checkpoint_step": int(torch.load(ckpt, map_location="cpu", weights_only=False)
+                               .get("global_step", -1)),
+        "n_train": len(dm.train_x),
+        "n_test": len(dm.test_x),
+    }
+    with atomic_file(folder / "test_l0.npy") as fh:
+        np.save(fh, test_l0)
+    write_json(folder / "analysis.json", result)
+    return result
+
+
+def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
+    """The raw-pixel probe of every dataset split in use, cached in raw_probe.json."""
+    from sae import metrics
+
+    path = sweep_dir / "raw_probe.json"
+    cached = json.loads(path.read_text()) if path.is_file() else []
+    have = {tuple(r.get(k) for k in SPLIT_KEYS): r for r in cached}
+    for run in runs:
+        key = tuple(run.settings.get(k) for k in SPLIT_KEYS)
+        if key in have:
+            continue
+        dm = data.get(run.settings)
+        probe = metrics.linear_probe(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0)
+        have[key] = {**dict(zip(SPLIT_KEYS, key, strict=True)), "n_train": len(dm.train_x),
+                     "n_test": len(dm.test_x), "test_accuracy": probe.test_accuracy,
+                     "train_accuracy": probe.train_accuracy}
+        write_json(path, list(have.values()))
+    return list(have.values())
+
+
+def raw_by_dataset(raw: list[dict], runs: list[Run]) -> dict[str, float]:
+    """Raw-pixel probe accuracy of each dataset, on the split its runs use (the first run's)."""
+    out = {}
+    for run in runs:
+        if run.dataset in out:
+            continue
+        for r in raw:
+            if all(r.get(k) == run.settings.get(k) for k in SPLIT_KEYS):
+                out[run.dataset] = r["test_accuracy"]
+    return out
+
+
+def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
+    """results.csv rows, per-sample L0 and per-class L0 frames of the finished runs ``done``.
+
+    Returns:
+        ``(results, l0, per_class)``: :func:`sae.sweep.tables.results_frame` plus a ``config``
+        label column; one row per test sample and run (``dataset``, ``model``, ``config``,
+        ``l0``); and the mean L0 per class over seeds (``dataset``, ``model``, ``config``,
+        ``class``, ``l0``).
+    """
+    import numpy as np
+    import pandas as pd
+
+    from sae.sweep.tables import config_label, results_frame
+
+    records, l0_parts, class_rows = [], [], []
+    for run in done:
+        folder = sweep_dir / run.rel
+        metrics = json.loads((folder / "metrics.json").read_text())
+        a = analyses.get(folder, {})
+        key = {"dataset": run.dataset, "model": run.model, "kind": run.kind,
+               "param": run.param, "value": run.value}
+        records.append({**metrics, **key, "seed": run.seed, "run": str(run.rel),
+                        **{k: a.get(k) for k in ("probe_accuracy", "probe_train_accuracy",
+                                                 "l0_ink_corr", "checkpoint_step")}})
+        label = config_label(run.param, run.value)
+        if a and (folder / "test_l0.npy").is_file():
+            l0 = np.load(folder / "test_l0.npy")
+            l0_parts.append(pd.DataFrame({"dataset": run.dataset, "model": run.model,
+                                          "config": label, "l0": l0}))
+            for name, mean in zip(a["class_names"], a["class_l0_mean"], strict=True):
+                class_rows.append({"dataset": run.dataset, "model": run.model, "config": label,
+                                   "seed": run.seed, "class": name,
+                                   "l0": np.nan if mean is None else mean})
+    results = results_frame(records)
+    results["config"] = [config_label(p, v) for p, v in zip(results["param"], results["value"],
+                                                             strict=True)]
+    l0 = (pd.concat(l0_parts, ignore_index=True) if l0_parts
+          else pd.DataFrame(columns=["dataset", "model", "config", "l0"]))
+    per_class = pd.DataFrame(class_rows, columns=["dataset", "model", "config", "seed", "class",
+                                                  "l0"])
+    per_class = per_class.groupby(["dataset", "model", "config", "class"], sort=False,
+                                  as_index=False)["l0"].mean()
+    return results, l0, per_class

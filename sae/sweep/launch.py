@@ -1,0 +1,309 @@
+"""Training a sweep's runs: ``sae.run`` subprocesses, N at a time, and the state of run folders.
+
+:func:`run_state` reads what a run folder holds (finished, resumable, to restart, new, or
+someone else's); :func:`train_command` turns that into the ``sae.run`` command line;
+:class:`RunPool` runs those commands in a pool of numbered slots, each with its share of CPU
+threads (``OMP_NUM_THREADS``) or its own GPU (``CUDA_VISIBLE_DEVICES``); :func:`run_sweep` trains
+what is missing and analyses what is finished, printing one progress line per run; :func:`lock`
+keeps two runners out of the same sweep folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sae.run import UsageError
+from sae.sweep.analysis import DataCache, analyse_run
+from sae.sweep.spec import Run
+
+__all__ = ["Progress", "RunPool", "check_folders", "job_env", "lock", "log_path", "run_state",
+           "run_sweep", "total_threads", "train_command", "uses_gpu", "visible_gpus"]
+
+
+# --------------------------------------------------------------------------- run folders
+
+
+def run_state(folder: Path) -> str:
+    """done (metrics.json), resume (checkpoint), restart (config.yaml only), new, or foreign."""
+    if (folder / "metrics.json").is_file():
+        return "done"
+    if (folder / "checkpoints" / "last.ckpt").is_file() and (folder / "config.yaml").is_file():
+        return "resume"
+    if (folder / "config.yaml").is_file():
+        return "restart"
+    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+        return "new"
+    return "foreign"  # something else lives there: never touched
+
+
+def train_command(run: Run, folder: Path, state: str) -> list[str]:
+    """The ``sae.run`` command that brings a run folder in ``state`` to done."""
+    base = [sys.executable, "-m", "sae.run"]
+    if state == "resume":  # the run's own config.yaml holds its settings
+        return [*base, "--out", str(folder), "--resume"]
+    extra = ["--overwrite"] if state == "restart" else []
+    return [*base, *run.argv, "--out", str(folder), *extra]
+
+
+def log_path(sweep_dir: Path, run: Run) -> Path:
+    """``logs/<dataset>/<model>/<value>/seed<s>.log``: the run's console output."""
+    return sweep_dir / "logs" / run.rel.relative_to("runs").with_suffix(".log")
+
+
+def check_folders(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str]) -> None:
+    """Refuse, before any work, a sweep folder that is a file, run folders that are not run
+    folders, and multi-GPU runs that would share the machine with other runs."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise UsageError(f"--out {sweep_dir} exists and is not a folder")
+    for run in runs:
+        if run_state(sweep_dir / run.rel) == "foreign":
+            raise UsageError(f"{sweep_dir / run.rel} exists but is not a run folder (no "
+                             "config.yaml); move it away")
+    multi = [r for r in runs if gpus and uses_gpu(r) and jobs > 1
+             and str(r.settings.get("devices")) not in ("1", "auto")]
+    if multi:
+        raise UsageError("--jobs > 1 gives each GPU run one GPU; use --jobs 1 for runs with "
+                         f"devices={multi[0].settings.get('devices')}")
+
+
+def lock(sweep_dir: Path):
+    """An exclusive lock on the sweep folder: two runners must not train the same runs.
+
+    Returns the open lock file; the lock lasts until it is closed (use it in a ``with``).
+    """
+    handle = open(sweep_dir / ".lock", "w")  # noqa: SIM115 (held for the process lifetime)
+    try:
+        import fcntl
+
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no fcntl (Windows): run unlocked
+        pass
+    except OSError:
+        handle.close()
+        raise UsageError(f"another sweep is running in {sweep_dir}") from None
+    return handle
+
+
+# --------------------------------------------------------------------------- machine share
+
+
+def uses_gpu(run: Run) -> bool:
+    """Whether the run trains on a GPU when one is visible (auto picks one when present)."""
+    return str(run.settings.get("accelerator", "auto")).lower() in ("gpu", "cuda", "auto")
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids the runs may use: $CUDA_VISIBLE_DEVICES when set, else every CUDA device."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def total_threads() -> int:
+    """The CPU threads to share: $OMP_NUM_THREADS when set, else the usable cores."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+
+
+def job_env(slot: int, threads: int, gpu: str | None) -> dict[str, str]:
+    """The environment of one training subprocess: its thread share and GPU."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    for name in ("SAE_RUN_DIR", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"):
+        env.pop(name, None)  # a sweep started inside a run must not steer its children
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+class RunPool:
+    """Runs ``sae.run`` subprocesses, N at a time, each in a numbered slot (thread share, GPU)."""
+
+    def __init__(self, jobs: int, threads: int, gpus: list[str]):
+        self.slots = list(range(jobs))
+        # one GPU per slot only when runs share the machine; a lone run may use them all
+        self.threads, self.gpus = threads, gpus if jobs > 1 else []
+        self.lock = threading.Lock()
+        self.live: set[subprocess.Popen] = set()
+        self.stopping = False
+        self.executor = ThreadPoolExecutor(max_workers=jobs)
+
+    def _train(self, run: Run, command: list[str], log: Path) -> tuple[int | None, float]:
+        """Exit code (None: not started, the sweep is stopping) and seconds taken."""
+        with self.lock:
+            slot = self.slots.pop(0)
+        try:
+            gpu = self.gpus[slot % len(self.gpus)] if uses_gpu(run) and self.gpus else None
+            log.parent.mkdir(parents=True, exist_ok=True)
+            start = time.perf_counter()
+            with open(log, "a", encoding="utf-8") as fh:
+                with self.lock:  # checked and registered together: stop() misses no process
+                    if self.stopping:
+                        return None, 0.0
+                    fh.write(f"\n$ {' '.join(command)}\n")
+                    fh.flush()
+                    proc = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL,
+                                            env=job_env(slot, self.threads, gpu))
+                    self.live.add(proc)
+                code = proc.wait()
+                seconds = time.perf_counter() - start
+                fh.write(f"# exit code {code} after {seconds:.1f} s\n")
+                with self.lock:
+                    self.live.discard(proc)
+            return code, seconds
+        finally:
+            with self.lock:
+                self.slots.append(slot)
+
+    def submit(self, run: Run, command: list[str], log: Path) -> Future:
+        """Queue one training; the future gives (exit code or None, seconds)."""
+        return self.executor.submit(self._train, run, command, log)
+
+    def stop(self) -> None:
+        """Start no more runs, interrupt the running ones and wait for them to exit.
+
+        SIGINT, like Ctrl-C in a terminal, lets sae.run stop cleanly with its last checkpoint
+        intact, so the next invocation resumes it; a run that does not stop in 60 s is killed.
+        """
+        with self.lock:
+            self.stopping = True
+            procs = list(self.live)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.executor.shutdown(wait=True)
+
+
+def _completed(futures: dict[Future, object]) -> Iterator[Future]:
+    """Futures as they finish, woken at least once a second so Ctrl-C is seen promptly."""
+    left = set(futures)
+    while left:
+        done, left = wait(left, timeout=1.0, return_when=FIRST_COMPLETED)
+        yield from done
+
+
+# --------------------------------------------------------------------------- progress lines
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+@dataclass
+class Progress:
+    """Counts of the sweep so far, and the one line printed as each run finishes."""
+
+    total: int
+    start: float = field(default_factory=time.perf_counter)
+    finished: int = 0
+    trained: int = 0
+    skipped: int = 0
+    failed: int = 0
+
+    def line(self, run: Run, status: str, detail: str = "") -> str:
+        self.finished += 1
+        width = len(str(self.total))
+        counts = (f"{self.trained} trained, {self.skipped} skipped, {self.failed} failed, "
+                  f"{_clock(time.perf_counter() - self.start)} elapsed")
+        text = f"[{self.finished:>{width}}/{self.total}] {run.rel.relative_to('runs')} {status}"
+        return f"{text}{' · ' + detail if detail else ''} ({counts})"
+
+
+def _metrics_note(folder: Path, analysis: dict | None) -> str:
+    try:
+        m = json.loads((folder / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    note = f"fvu {m.get('fvu', float('nan')):.4g} · L0 {m.get('l0_mean', float('nan')):.3g}"
+    if analysis and analysis.get("probe_accuracy") is not None:
+        note += f" · probe {100 * analysis['probe_accuracy']:.1f}%"
+    return note
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
+              say: Callable[[str], None]) -> tuple[dict[Path, dict], int]:
+    """Train what is missing, analyse what is finished; returns (analyses, failures)."""
+    import torch
+
+    threads = max(1, total_threads() // jobs)
+    torch.set_num_threads(threads)  # the analysis shares the cores with the trainings
+    pool, data = RunPool(jobs, threads, gpus), DataCache()
+    progress, analyses = Progress(len(runs)), {}
+
+    def analyse(run: Run, folder: Path) -> dict | None:
+        try:
+            analyses[folder] = analyse_run(folder, data)
+        except Exception as e:  # a broken checkpoint must not cost the other runs' tables
+            say(f"warning: analysis of {run.rel} failed: {type(e).__name__}: {e}")
+            return None
+        return analyses[folder]
+
+    states = {id(run): run_state(sweep_dir / run.rel) for run in runs}
+    pending = {}
+    for run in runs:
+        if states[id(run)] != "done":
+            folder = sweep_dir / run.rel
+            log = log_path(sweep_dir, run)
+            command = train_command(run, folder, states[id(run)])
+            pending[pool.submit(run, command, log)] = (run, log)
+    try:
+        for run in runs:  # finished before: analyse them while the trainings run
+            folder = sweep_dir / run.rel
+            if states[id(run)] == "done":
+                progress.skipped += 1
+                a = analyse(run, folder)
+                say(progress.line(run, "skipped (finished)", _metrics_note(folder, a)))
+        for future in _completed(pending):
+            run, log = pending[future]
+            folder = sweep_dir / run.rel
+            code, seconds = future.result()
+            if code == 0 and run_state(folder) == "done":
+                progress.trained += 1
+                a = analyse(run, folder)
+                say(progress.line(run, f"trained in {seconds:.1f} s",
+                                  _metrics_note(folder, a)))
+            else:
+                progress.failed += 1
+                say(progress.line(run, f"FAILED (exit {code})",
+                                  f"{_last_line(log)} [log: {log}]"))
+    except KeyboardInterrupt:
+        pool.stop()
+        raise
+    pool.executor.shutdown(wait=True)
+    return analyses, progress.failed

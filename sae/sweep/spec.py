@@ -1,0 +1,279 @@
+"""The sweep file's schema: read a sweep YAML, check it, and expand it into runs.
+
+:func:`load_sweep` checks the file's structure and names (datasets, seeds, models, setting
+names); :func:`plan` expands it into one :class:`Run` per dataset × model × grid value × seed and
+checks every combination's values with ``sae.run``'s own parser and model validation, so a bad
+sweep fails before anything trains. The file format is documented in :mod:`sae.compare`.
+
+Everything that talks to ``sae.run``'s settings API (which settings exist, how a setting is
+written as a flag, how one combination is resolved and validated) sits in one section below,
+"sae.run's settings", so that it can follow changes of that API in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from sae.run import UsageError, build_parser
+
+__all__ = ["LIST_KEYS", "RUNNER_KEYS", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
+           "Sweep", "grid_key", "known_settings", "load_sweep", "plan", "resolve_run",
+           "to_flags"]
+
+TOP_KEYS = ("description", "datasets", "seeds", "common", "models")
+RUNNER_KEYS = {"out", "resume", "overwrite", "config"}  # the runner sets these
+STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets these
+LIST_KEYS = {"devices"}  # settings whose value may be a list
+
+
+def grid_key(kind: str) -> str:
+    """What a model's grid sweeps: k for topk (it has no penalty), λ for the others."""
+    return "k" if kind == "topk" else "lambda"
+
+
+def _grid_dest(kind: str) -> str:
+    """The sae.run parser dest of a model's grid key."""
+    return "lam" if grid_key(kind) == "lambda" else "k"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One entry of the sweep file's ``models`` mapping."""
+
+    name: str  # the sweep's name, used in paths and tables
+    kind: str  # the sae.run model
+    grid: tuple[float, ...] | None  # None: one run at the inherited value
+    settings: dict  # per-model overrides (dest -> value)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A checked sweep file: its text (kept for the record) and its parts."""
+
+    path: Path
+    text: str
+    description: str
+    datasets: tuple[str, ...]
+    seeds: tuple[int, ...]
+    common: dict
+    models: tuple[ModelEntry, ...]
+
+
+@dataclass
+class Run:
+    """One combination of the sweep: what to train and where."""
+
+    dataset: str
+    model: str
+    kind: str
+    param: str  # "lambda" or "k"
+    value: float
+    seed: int
+    argv: list[str]  # sae.run flags, --out excluded
+    settings: dict = field(repr=False)  # the resolved sae.run settings
+
+    @property
+    def rel(self) -> Path:
+        """The run folder, relative to the sweep folder."""
+        return (Path("runs") / self.dataset / self.model / f"{self.param}{self.value:g}"
+                / f"seed{self.seed}")
+
+
+# --------------------------------------------------------------------------- sae.run's settings
+# The only code of the sweep that uses sae.run's settings API.
+
+
+def _run_actions() -> dict[str, argparse.Action]:
+    """sae.run's parser actions by dest (the help action left out)."""
+    return {a.dest: a for a in build_parser(suppress=True)._actions if a.dest != "help"}
+
+
+def known_settings() -> set[str]:
+    """The dests of every sae.run setting."""
+    return set(_run_actions())
+
+
+def to_flags(settings: dict) -> list[str]:
+    """sae.run flags for settings keyed by parser dest (None = sae.run's default: left out)."""
+    actions = _run_actions()
+    flags: list[str] = []
+    for dest, value in settings.items():
+        flag = "--lambda" if dest == "lam" else "--" + dest.replace("_", "-")
+        if actions[dest].nargs == 0:  # a switch
+            if not isinstance(value, bool):
+                raise UsageError(f"{dest} is a switch: give true or false, not {value!r}")
+            flags += [flag] if value else []
+        elif value is not None:
+            flags += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return flags
+
+
+def resolve_run(argv: list[str]) -> argparse.Namespace:
+    """sae.run's resolved settings for ``argv`` (no --out), checked as sae.run checks them.
+
+    Raises:
+        UsageError: a value sae.run would refuse.
+    """
+    from sae.run import check_settings, model_config, resolve_settings
+
+    args = resolve_settings([*argv, "--out", "."])
+    model_config(args)
+    check_settings(args)
+    return args
+
+
+# --------------------------------------------------------------------------- the sweep file
+
+
+def _dest(key: object, where: str) -> str:
+    """A settings key as the sae.run parser's dest, or a UsageError naming ``where``."""
+    if not isinstance(key, str):
+        raise UsageError(f"{where}: setting names must be text, got {key!r}")
+    return "lam" if key == "lambda" else key.replace("-", "_")
+
+
+def _settings(mapping: object, where: str, known: set[str], extra: set[str] = frozenset(),
+              lists: set[str] = frozenset()) -> dict:
+    """Check a mapping of sae.run settings; return it keyed by parser dest.
+
+    ``extra`` names further keys accepted as they are, ``lists`` settings that may be lists.
+    """
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise UsageError(f"{where} must be a mapping of sae.run settings")
+    out: dict = {}
+    for key, value in mapping.items():
+        dest = _dest(key, where)
+        if dest in extra:
+            out[dest] = value
+            continue
+        if dest in RUNNER_KEYS | STRUCTURE_KEYS:
+            raise UsageError(f"{where}: {key!r} cannot be set here (the sweep sets it)")
+        if dest not in known:
+            raise UsageError(f"{where}: unknown setting {key!r} (see python -m sae.run --help)")
+        if dest in out:
+            raise UsageError(f"{where}: {key!r} is given twice")
+        if isinstance(value, list) and dest not in LIST_KEYS | lists:
+            raise UsageError(f"{where}: {key!r} takes one value, not a list (only the grid "
+                             "key, lambda or k for topk, is a list)")
+        if isinstance(value, dict):
+            raise UsageError(f"{where}: {key!r} takes a value, not a mapping")
+        out[dest] = value
+    return out
+
+
+def _grid(values: object, where: str) -> tuple[float, ...]:
+    """A grid as a tuple of distinct numbers (one number is a grid of one)."""
+    values = values if isinstance(values, list) else [values]
+    if not values or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                             for v in values):
+        raise UsageError(f"{where} must be a number or a non-empty list of numbers")
+    names = [f"{v:g}" for v in values]
+    if len(set(names)) != len(names):
+        raise UsageError(f"{where} repeats a value: {values}")
+    return tuple(values)
+
+
+def _model_entry(name: object, entry: object, known: set[str], path: Path) -> ModelEntry:
+    from sae.config import MODELS
+
+    where = f"{path}: models.{name}"
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise UsageError(f"model name {name!r} must be letters, digits, '-', '_' or '.'")
+    settings = _settings(entry, where, known, extra={"model"}, lists={"lam", "k"})
+    kind = settings.pop("model", name)
+    if kind not in MODELS:
+        raise UsageError(f"{where}: unknown model {kind!r}; choose from {', '.join(MODELS)} "
+                         "(or give `model:`)")
+    key = _grid_dest(kind)
+    other = {"lam": "k", "k": "lam"}[key]
+    if isinstance(settings.get(other), list):
+        raise UsageError(f"{where}: {kind} sweeps {grid_key(kind)}, so "
+                         f"{'lambda' if other == 'lam' else 'k'} takes one value")
+    grid = _grid(settings.pop(key), f"{where}.{grid_key(kind)}") if key in settings else None
+    return ModelEntry(name, kind, grid, settings)
+
+
+def _top_list(data: dict, key: str, kind: type, path: Path) -> tuple:
+    values = data.get(key)
+    if isinstance(values, kind) and not isinstance(values, bool):
+        values = [values] if kind is str else values
+    if not isinstance(values, list) or not values:
+        example = "[mnist, fashion-mnist]" if kind is str else "[0, 1, 2]"
+        raise UsageError(f"{path}: `{key}` must be a non-empty list, e.g. {key}: {example}")
+    for v in values:
+        if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+            raise UsageError(f"{path}: `{key}` holds {v!r}; expected "
+                             f"{'names' if kind is str else 'integers >= 0'}")
+    if len(set(values)) != len(values):
+        raise UsageError(f"{path}: `{key}` repeats a value")
+    return tuple(values)
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a sweep file's structure (values are checked by :func:`plan`)."""
+    from sae.run import DATASET_CHOICES
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"sweep file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UsageError(f"sweep file {path} is not valid YAML ({str(e).splitlines()[0]})") \
+            from None
+    if not isinstance(data, dict):
+        raise UsageError(f"sweep file {path} must hold a mapping with {', '.join(TOP_KEYS[1:])}")
+    unknown = [k for k in data if k not in TOP_KEYS]
+    if unknown:
+        raise UsageError(f"{path}: unknown key {unknown[0]!r}; expected {', '.join(TOP_KEYS)}")
+    datasets = _top_list(data, "datasets", str, path)
+    for d in datasets:
+        if d not in DATASET_CHOICES:
+            raise UsageError(f"{path}: unknown dataset {d!r}; choose from "
+                             f"{', '.join(DATASET_CHOICES)}")
+    seeds = _top_list(data, "seeds", int, path)
+    known = known_settings()
+    common = _settings(data.get("common"), f"{path}: common", known)
+    models = data.get("models")
+    if not isinstance(models, dict) or not models:
+        raise UsageError(f"{path}: `models` must map model names to their settings and grid")
+    entries = tuple(_model_entry(name, entry, known, path) for name, entry in models.items())
+    return Sweep(path, text, str(data.get("description") or ""), datasets, seeds, common,
+                 entries)
+
+
+def plan(sweep: Sweep) -> list[Run]:
+    """Every combination, checked with sae.run's own parser and model validation."""
+    runs = []
+    for dataset in sweep.datasets:
+        for entry in sweep.models:
+            where = f"{sweep.path}: models.{entry.name}"
+            if entry.name != entry.kind:
+                where += f" ({entry.kind})"
+            for value in entry.grid or (None,):
+                for seed in sweep.seeds:
+                    settings = {**sweep.common, **entry.settings}
+                    if value is not None:
+                        settings[_grid_dest(entry.kind)] = value
+                    try:
+                        argv = ["--model", entry.kind, "--dataset", dataset, "--seed", str(seed),
+                                *to_flags(settings)]
+                        args = resolve_run(argv)
+                    except UsageError as e:
+                        raise UsageError(f"{where}: {e}") from None
+                    param = grid_key(entry.kind)
+                    runs.append(Run(dataset, entry.name, entry.kind, param,
+                                    args.lam if param == "lambda" else args.k, seed, argv,
+                                    vars(args)))
+    paths = [r.rel for r in runs]
+    if len(set(paths)) != len(paths):
+        raise UsageError(f"{sweep.path}: two combinations share a run folder")
+    return runs

@@ -1,0 +1,56 @@
+"""sae.pages: one self-contained page skeleton; text is escaped, built fragments are not."""
+
+import base64
+import re
+
+from sae import pages
+
+EVIL = '<script>alert("x")</script> & \'co\''
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # a signature is enough: the page does not decode it
+
+
+def page_with(text: str) -> str:
+    """A page that puts ``text`` in every place a page shows text."""
+    body = pages.join([
+        pages.table([text, "n"], [[text, 1.5]],
+                    cell_class=lambda column, _: "num" if column else None),
+        pages.figure(PNG, text, text),
+        pages.missing(text),
+        pages.code_block(text),
+        pages.fragment("<p>{}</p>", text),
+        text,
+    ])
+    return pages.render_page(title=text, heading=text, subtitle=text, intro=[text],
+                             sections=[pages.Section("a", text, body, nav=text)])
+
+
+def test_script_is_escaped_everywhere():
+    page = page_with(EVIL)
+    assert "<script" not in page.lower()
+    escaped = "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; &#39;co&#39;"
+    # title, h1, subtitle, intro, nav, h2, th, td, alt, caption, missing, code, fragment, text
+    assert page.count(escaped) == 14
+
+
+def test_fragments_are_kept_and_the_page_is_self_contained():
+    page = page_with("plain")
+    assert page.startswith("<!DOCTYPE html>")
+    assert '<td>plain</td><td class="num">1.5</td>' in page
+    assert '<p class="missing">plain</p>' in page and "<pre><code>plain</code></pre>" in page
+    assert f'src="data:image/png;base64,{base64.b64encode(PNG).decode()}"' in page
+    assert '<nav><a href="#a">plain</a></nav>' in page and '<h2 id="a">plain</h2>' in page
+    assert pages.PAGE_CSS in page  # the CSS is inline and not escaped (its quotes stay)
+    for needle in ("http://", "https://", "<link", "@import", "url("):
+        assert needle not in page
+    assert not re.search(r'href="(?!#)', page)
+
+
+def test_fragment_escapes_its_arguments_but_not_other_fragments():
+    inner = pages.fragment("<b>{}</b>", "<i>")
+    assert pages.fragment("<p>{}{}</p>", inner, "&") == "<p><b>&lt;i&gt;</b>&amp;</p>"
+
+
+def test_nav_label_defaults_to_the_heading():
+    page = pages.render_page("t", "h", "s", [pages.Section("x", "Long heading", "b"),
+                                             pages.Section("y", "Other", "c", nav="Short")])
+    assert '<a href="#x">Long heading</a><a href="#y">Short</a>' in page
