@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from sae import compare, figures
+from sae.cli import UsageError, build_parser
 from sae.figures import sweep as sweep_figures
 from sae.models import MODELS
-from sae.run import UsageError, build_parser
 from sae.sweep import analysis, launch, render, spec, tables
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sae.run import UsageError
+from sae.cli import UsageError
 from sae.sweep.analysis import DataCache, analyse_run
 from sae.sweep.spec import Run
 

@@ -17,18 +17,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from sae.cli import UsageError, check_mapping, load_yaml, resolve_settings, to_argv
+from sae.config import DATASETS
 
-from sae.run import UsageError, build_parser
-
-__all__ = ["LIST_KEYS", "RUNNER_KEYS", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
-           "Sweep", "grid_key", "known_settings", "load_sweep", "plan", "resolve_run",
-           "to_flags"]
+__all__ = ["RUNNER_KEYS", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
+           "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
 
 TOP_KEYS = ("description", "datasets", "seeds", "common", "models")
 RUNNER_KEYS = {"out", "resume", "overwrite", "config"}  # the runner sets these
 STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets these
-LIST_KEYS = {"devices"}  # settings whose value may be a list
 
 
 def grid_key(kind: str) -> str:
@@ -85,32 +82,6 @@ class Run:
 
 
 # --------------------------------------------------------------------------- sae.run's settings
-# The only code of the sweep that uses sae.run's settings API.
-
-
-def _run_actions() -> dict[str, argparse.Action]:
-    """sae.run's parser actions by dest (the help action left out)."""
-    return {a.dest: a for a in build_parser(suppress=True)._actions if a.dest != "help"}
-
-
-def known_settings() -> set[str]:
-    """The dests of every sae.run setting."""
-    return set(_run_actions())
-
-
-def to_flags(settings: dict) -> list[str]:
-    """sae.run flags for settings keyed by parser dest (None = sae.run's default: left out)."""
-    actions = _run_actions()
-    flags: list[str] = []
-    for dest, value in settings.items():
-        flag = "--lambda" if dest == "lam" else "--" + dest.replace("_", "-")
-        if actions[dest].nargs == 0:  # a switch
-            if not isinstance(value, bool):
-                raise UsageError(f"{dest} is a switch: give true or false, not {value!r}")
-            flags += [flag] if value else []
-        elif value is not None:
-            flags += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
-    return flags
 
 
 def resolve_run(argv: list[str]) -> argparse.Namespace:
@@ -119,7 +90,7 @@ def resolve_run(argv: list[str]) -> argparse.Namespace:
     Raises:
         UsageError: a value sae.run would refuse.
     """
-    from sae.run import check_settings, model_config, resolve_settings
+    from sae.run import check_settings, model_config
 
     args = resolve_settings([*argv, "--out", "."])
     model_config(args)
@@ -130,42 +101,22 @@ def resolve_run(argv: list[str]) -> argparse.Namespace:
 # --------------------------------------------------------------------------- the sweep file
 
 
-def _dest(key: object, where: str) -> str:
-    """A settings key as the sae.run parser's dest, or a UsageError naming ``where``."""
-    if not isinstance(key, str):
-        raise UsageError(f"{where}: setting names must be text, got {key!r}")
-    return "lam" if key == "lambda" else key.replace("-", "_")
+def _settings(mapping: object, where: str, lists: frozenset = frozenset()) -> dict:
+    """A mapping of sae.run settings, checked (``sae.cli``), keyed by field name.
 
-
-def _settings(mapping: object, where: str, known: set[str], extra: set[str] = frozenset(),
-              lists: set[str] = frozenset()) -> dict:
-    """Check a mapping of sae.run settings; return it keyed by parser dest.
-
-    ``extra`` names further keys accepted as they are, ``lists`` settings that may be lists.
+    ``lists`` names settings that may hold a list (a model's grid).
     """
-    if mapping is None:
-        return {}
-    if not isinstance(mapping, dict):
-        raise UsageError(f"{where} must be a mapping of sae.run settings")
-    out: dict = {}
-    for key, value in mapping.items():
-        dest = _dest(key, where)
-        if dest in extra:
-            out[dest] = value
-            continue
-        if dest in RUNNER_KEYS | STRUCTURE_KEYS:
-            raise UsageError(f"{where}: {key!r} cannot be set here (the sweep sets it)")
-        if dest not in known:
-            raise UsageError(f"{where}: unknown setting {key!r} (see python -m sae.run --help)")
-        if dest in out:
-            raise UsageError(f"{where}: {key!r} is given twice")
-        if isinstance(value, list) and dest not in LIST_KEYS | lists:
-            raise UsageError(f"{where}: {key!r} takes one value, not a list (only the grid "
-                             "key, lambda or k for topk, is a list)")
-        if isinstance(value, dict):
-            raise UsageError(f"{where}: {key!r} takes a value, not a mapping")
-        out[dest] = value
-    return out
+    if isinstance(mapping, dict):
+        for key in mapping:
+            if isinstance(key, str) and key.replace("-", "_") in RUNNER_KEYS | STRUCTURE_KEYS:
+                raise UsageError(f"{where}: {key!r} cannot be set here (the sweep sets it)")
+    try:
+        return check_mapping(mapping, where, lists=lists)
+    except UsageError as e:
+        if "takes one value" in str(e):
+            raise UsageError(f"{e} (only the grid key, lambda or k for topk, is a list)") \
+                from None
+        raise
 
 
 def _grid(values: object, where: str) -> tuple[float, ...]:
@@ -180,14 +131,15 @@ def _grid(values: object, where: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-def _model_entry(name: object, entry: object, known: set[str], path: Path) -> ModelEntry:
+def _model_entry(name: object, entry: object, path: Path) -> ModelEntry:
     from sae.config import MODELS
 
     where = f"{path}: models.{name}"
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise UsageError(f"model name {name!r} must be letters, digits, '-', '_' or '.'")
-    settings = _settings(entry, where, known, extra={"model"}, lists={"lam", "k"})
-    kind = settings.pop("model", name)
+    entry = dict(entry) if isinstance(entry, dict) else entry
+    kind = entry.pop("model", name) if isinstance(entry, dict) else name
+    settings = _settings(entry, where, lists=frozenset({"lam", "k"}))
     if kind not in MODELS:
         raise UsageError(f"{where}: unknown model {kind!r}; choose from {', '.join(MODELS)} "
                          "(or give `model:`)")
@@ -218,17 +170,9 @@ def _top_list(data: dict, key: str, kind: type, path: Path) -> tuple:
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file's structure (values are checked by :func:`plan`)."""
-    from sae.run import DATASET_CHOICES
-
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"sweep file {path} does not exist")
+    data = load_yaml(path, "sweep file")
     text = path.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise UsageError(f"sweep file {path} is not valid YAML ({str(e).splitlines()[0]})") \
-            from None
     if not isinstance(data, dict):
         raise UsageError(f"sweep file {path} must hold a mapping with {', '.join(TOP_KEYS[1:])}")
     unknown = [k for k in data if k not in TOP_KEYS]
@@ -236,16 +180,15 @@ def load_sweep(path: str | Path) -> Sweep:
         raise UsageError(f"{path}: unknown key {unknown[0]!r}; expected {', '.join(TOP_KEYS)}")
     datasets = _top_list(data, "datasets", str, path)
     for d in datasets:
-        if d not in DATASET_CHOICES:
+        if d not in DATASETS:
             raise UsageError(f"{path}: unknown dataset {d!r}; choose from "
-                             f"{', '.join(DATASET_CHOICES)}")
+                             f"{', '.join(DATASETS)}")
     seeds = _top_list(data, "seeds", int, path)
-    known = known_settings()
-    common = _settings(data.get("common"), f"{path}: common", known)
+    common = _settings(data.get("common"), f"{path}: common")
     models = data.get("models")
     if not isinstance(models, dict) or not models:
         raise UsageError(f"{path}: `models` must map model names to their settings and grid")
-    entries = tuple(_model_entry(name, entry, known, path) for name, entry in models.items())
+    entries = tuple(_model_entry(name, entry, path) for name, entry in models.items())
     return Sweep(path, text, str(data.get("description") or ""), datasets, seeds, common,
                  entries)
 
@@ -265,7 +208,7 @@ def plan(sweep: Sweep) -> list[Run]:
                         settings[_grid_dest(entry.kind)] = value
                     try:
                         argv = ["--model", entry.kind, "--dataset", dataset, "--seed", str(seed),
-                                *to_flags(settings)]
+                                *to_argv(settings)]
                         args = resolve_run(argv)
                     except UsageError as e:
                         raise UsageError(f"{where}: {e}") from None
