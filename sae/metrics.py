@@ -9,7 +9,8 @@ Reconstruction (``x̄`` is the dataset mean image, normally the *training* mean,
 - ``mse`` = mean over samples and pixels of (x − x̂)²;
 - ``fvu`` (fraction of variance unexplained) = Σ‖x − x̂‖² / Σ‖x − x̄‖²;
   ``explained_variance`` = 1 − fvu;
-- ``shrinkage`` = Σ⟨x̂ − x̄, x − x̄⟩ / Σ‖x − x̄‖² (1 = no systematic shrinking towards the mean).
+- ``recon_bias`` γ = Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩, the relative reconstruction bias of
+  Rajamanoharan et al. 2024 (1 = unbiased, c for reconstructions shrunk by c towards the mean).
 
 Sparsity (a unit *fires* on a sample when its code is strictly above a threshold, see ``active``):
 
@@ -48,12 +49,12 @@ __all__ = [
     "linear_probe",
     "mse",
     "raw_pixel_baseline",
-    "shrinkage",
+    "recon_bias",
     "summarize",
 ]
 
 SUMMARY_KEYS: tuple[str, ...] = (
-    "mse", "fvu", "explained_variance", "shrinkage", "l0_mean", "l0_std",
+    "mse", "fvu", "explained_variance", "recon_bias", "l0_mean", "l0_std",
     "dead_fraction", "dense_fraction", "n_samples", "n_units",
 )
 
@@ -140,11 +141,15 @@ def fvu(x: torch.Tensor, x_hat: torch.Tensor, mean_image: torch.Tensor) -> float
     return float((xc - hc).square().sum() / xc.square().sum())
 
 
-def shrinkage(x: torch.Tensor, x_hat: torch.Tensor, mean_image: torch.Tensor) -> float:
-    """Shrinkage towards the mean: Σ⟨x̂ − x̄, x − x̄⟩ / Σ‖x − x̄‖².
+def recon_bias(x: torch.Tensor, x_hat: torch.Tensor, mean_image: torch.Tensor) -> float:
+    """Relative reconstruction bias γ = Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩ (Gated SAEs, 2024).
 
-    1 means no systematic shrinking of reconstructions towards the mean image; x̂ = x̄ + c(x − x̄)
-    gives exactly c; predicting the mean gives 0. Values below 1 are typical of L1 penalties.
+    γ is the factor by which the reconstructions' deviations from the mean are systematically
+    scaled: x̂ = x̄ + c(x − x̄) gives exactly c (c² / c), and any orthogonal projection of x − x̄
+    gives 1 (‖Pv‖² = ⟨Pv, v⟩), however much variance it leaves unexplained, so γ measures bias, not
+    fit. γ < 1 means shrinkage towards the mean (typical of L1 penalties), γ > 1 overshoot.
+    (The ratio Σ⟨x̂ − x̄, x − x̄⟩ / Σ‖x − x̄‖² would not do: it equals 1 − fvu for every orthogonal
+    projection.) Predicting the mean everywhere gives 0/0 = nan.
 
     Args:
         x: inputs [N, D].
@@ -152,10 +157,10 @@ def shrinkage(x: torch.Tensor, x_hat: torch.Tensor, mean_image: torch.Tensor) ->
         mean_image: x̄ [D], the dataset mean image (normally the training mean).
 
     Returns:
-        Σ_n ⟨x̂_n − x̄, x_n − x̄⟩ / Σ_n ‖x_n − x̄‖².
+        Σ_n ‖x̂_n − x̄‖² / Σ_n ⟨x̂_n − x̄, x_n − x̄⟩.
     """
     xc, hc = _centred(x, x_hat, mean_image)
-    return float((hc * xc).sum() / xc.square().sum())
+    return float(hc.square().sum() / (hc * xc).sum())
 
 
 def ink(x: torch.Tensor) -> torch.Tensor:
@@ -281,7 +286,7 @@ def summarize(
 ) -> dict[str, float]:
     """All scalar metrics of one evaluation set, as plain floats.
 
-    Keys: ``mse``, ``fvu``, ``explained_variance`` (1 − fvu), ``shrinkage``, ``l0_mean``,
+    Keys: ``mse``, ``fvu``, ``explained_variance`` (1 − fvu), ``recon_bias``, ``l0_mean``,
     ``l0_std`` (the *population* standard deviation of per-sample L0 over the set, ddof = 0),
     ``dead_fraction``, ``dense_fraction`` (limit 0.5), ``n_samples`` (N), ``n_units`` (H).
 
@@ -302,7 +307,7 @@ def summarize(
         "mse": mse(x, x_hat),
         "fvu": f,
         "explained_variance": 1.0 - f,
-        "shrinkage": shrinkage(x, x_hat, mean_image),
+        "recon_bias": recon_bias(x, x_hat, mean_image),
         "l0_mean": float(counts.mean()),
         "l0_std": float(counts.std(correction=0)),
         "dead_fraction": dead_fraction(freq),

@@ -44,22 +44,23 @@ def test_mse_by_hand():
     assert M.mse(x, x_hat) == pytest.approx(5 / 4)
 
 
-def test_fvu_and_shrinkage_by_hand():
+def test_fvu_and_recon_bias_by_hand():
     x = t([[0.0, 0.0], [2.0, 2.0]])
     mean = t([1.0, 1.0])
-    x_hat = t([[0.0, 1.0], [2.0, 2.0]])
-    # Σ‖x − x̂‖² = 1; Σ‖x − x̄‖² = 2 + 2 = 4; Σ⟨x̂ − x̄, x − x̄⟩ = (1 + 0) + (1 + 1) = 3
-    assert M.fvu(x, x_hat, mean) == pytest.approx(1 / 4)
-    assert M.shrinkage(x, x_hat, mean) == pytest.approx(3 / 4)
+    x_hat = t([[0.0, 1.0], [3.0, 2.0]])
+    # x − x̄ = [[-1, -1], [1, 1]], x̂ − x̄ = [[-1, 0], [2, 1]]
+    # Σ‖x − x̂‖² = 1 + 1 = 2; Σ‖x − x̄‖² = 4; Σ‖x̂ − x̄‖² = 1 + 5 = 6; Σ⟨x̂ − x̄, x − x̄⟩ = 1 + 3 = 4
+    assert M.fvu(x, x_hat, mean) == pytest.approx(2 / 4)
+    assert M.recon_bias(x, x_hat, mean) == pytest.approx(6 / 4)
 
 
-def test_predicting_the_mean_gives_fvu_one_and_shrinkage_zero():
+def test_predicting_the_mean_gives_fvu_one_and_undefined_recon_bias():
     g = torch.Generator().manual_seed(0)
     x = torch.rand(50, 16, generator=g)
     mean = x.mean(0)
     x_hat = mean.expand_as(x)
     assert M.fvu(x, x_hat, mean) == pytest.approx(1.0, abs=1e-6)
-    assert M.shrinkage(x, x_hat, mean) == pytest.approx(0.0, abs=1e-6)
+    assert math.isnan(M.recon_bias(x, x_hat, mean))  # 0 / 0
 
 
 def test_perfect_reconstruction():
@@ -68,19 +69,34 @@ def test_perfect_reconstruction():
     mean = x.mean(0)
     assert M.mse(x, x.clone()) == 0.0
     assert M.fvu(x, x.clone(), mean) == 0.0
-    assert M.shrinkage(x, x.clone(), mean) == pytest.approx(1.0, abs=1e-9)
+    assert M.recon_bias(x, x.clone(), mean) == pytest.approx(1.0, abs=1e-9)
 
 
 @settings(max_examples=40, deadline=None)
-@given(x=matrices(), c=st.floats(-2.0, 2.0), shift=finite)
-def test_scaled_deviation_gives_shrinkage_c_and_fvu_one_minus_c_squared(x, c, shift):
-    x = torch.from_numpy(x)
+@given(x=matrices(), c=st.floats(-2.0, 2.0).filter(lambda c: abs(c) > 1e-3), shift=finite)
+def test_scaled_deviation_gives_recon_bias_c_and_fvu_one_minus_c_squared(x, c, shift):
+    x = torch.from_numpy(x).double()
     mean = x.mean(0) + shift  # any x̄ works: x − x̂ = (1 − c)(x − x̄)
-    if float((x.double() - mean.double()).square().sum()) < 1e-3:
+    if float((x - mean).square().sum()) < 1e-3:
         return
     x_hat = mean + c * (x - mean)
-    assert M.shrinkage(x, x_hat, mean) == pytest.approx(c, abs=1e-4)
-    assert M.fvu(x, x_hat, mean) == pytest.approx((1 - c) ** 2, abs=1e-4)
+    assert M.recon_bias(x, x_hat, mean) == pytest.approx(c, rel=1e-9)
+    assert M.fvu(x, x_hat, mean) == pytest.approx((1 - c) ** 2, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=matrices(min_cols=2), m=st.integers(1, 9), seed=st.integers(0, 2**31 - 1))
+def test_orthogonal_projection_is_unbiased_whatever_its_fvu(x, m, seed):
+    x = torch.from_numpy(x).double()
+    mean = x.mean(0)
+    d = x.shape[1]
+    m = min(m, d - 1)  # a proper subspace: fvu > 0 in general
+    basis, _ = torch.linalg.qr(torch.randn(d, m, dtype=torch.float64,
+                                           generator=torch.Generator().manual_seed(seed)))
+    x_hat = mean + (x - mean) @ basis @ basis.T
+    if float((x_hat - mean).square().sum()) < 1e-6:
+        return
+    assert M.recon_bias(x, x_hat, mean) == pytest.approx(1.0, rel=1e-9)
 
 
 @settings(max_examples=40, deadline=None)
@@ -95,10 +111,12 @@ def test_reconstruction_metrics_match_numpy_reference(data):
         return
     num = sum(float(np.dot(r - s, r - s)) for r, s in zip(xd, hd, strict=True))
     inner = sum(float(np.dot(s - md, r - md)) for r, s in zip(xd, hd, strict=True))
+    spread = sum(float(np.dot(s - md, s - md)) for s in hd)
     X, H, m = torch.from_numpy(x), torch.from_numpy(x_hat), torch.from_numpy(mean)
     assert M.mse(X, H) == pytest.approx(num / x.size, rel=1e-6, abs=1e-9)
     assert M.fvu(X, H, m) == pytest.approx(num / den, rel=1e-6, abs=1e-9)
-    assert M.shrinkage(X, H, m) == pytest.approx(inner / den, rel=1e-6, abs=1e-9)
+    if abs(inner) > 1e-3:
+        assert M.recon_bias(X, H, m) == pytest.approx(spread / inner, rel=1e-6)
 
 
 def test_images_are_flattened():
@@ -227,14 +245,14 @@ def test_summarize_keys_and_values():
     x_hat = torch.rand(4, 6, generator=g)
     mean = torch.rand(6, generator=g)
     s = M.summarize(x, x_hat, CODES, mean)
-    assert set(s) == {"mse", "fvu", "explained_variance", "shrinkage", "l0_mean", "l0_std",
+    assert set(s) == {"mse", "fvu", "explained_variance", "recon_bias", "l0_mean", "l0_std",
                       "dead_fraction", "dense_fraction", "n_samples", "n_units"}
     assert set(s) == set(M.SUMMARY_KEYS)
     assert all(type(v) is float for v in s.values())
     assert s["mse"] == M.mse(x, x_hat)
     assert s["fvu"] == M.fvu(x, x_hat, mean)
     assert s["explained_variance"] == pytest.approx(1 - s["fvu"])
-    assert s["shrinkage"] == M.shrinkage(x, x_hat, mean)
+    assert s["recon_bias"] == M.recon_bias(x, x_hat, mean)
     # per-sample L0 is 2, 1, 3, 1: mean 7/4, population variance (1/16 + 9/16 + 25/16 + 9/16) / 4
     assert s["l0_mean"] == pytest.approx(7 / 4)
     assert s["l0_std"] == pytest.approx(math.sqrt(44 / 64))
