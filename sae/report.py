@@ -83,7 +83,10 @@ _METRIC_NOTES = {
     "l0_std": "standard deviation of active units per input",
     "dead_fraction": "share of units that never fire on the evaluation set",
     "dense_fraction": "share of units firing on more than 50 % of inputs",
-    "shrinkage": "Σ⟨x̂ − x̄, x − x̄⟩ / Σ‖x − x̄‖² (1 = no shrinking towards the mean)",
+    "recon_bias": "Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩ (1 = unbiased, c = shrunk by c towards the mean)",
+    "support_fvu": "fvu of the least-squares code on each input's own support (2 000 test inputs)",
+    "adaptive_gain": "support fvu with round(mean L0) units per input minus with its own L0",
+    "adaptivity": "Spearman correlation of an input's L0 with its residual after top-m PCA",
     "probe_accuracy": "linear probe on the codes, test-set accuracy",
     "wall_time_s": "training wall-clock time in seconds",
 }

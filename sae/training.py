@@ -93,11 +93,12 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint, Timer
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    from sae import metrics, runfolder
+    from sae import runfolder
     from sae.checkpoints import check_compatible, read_checkpoint
     from sae.data import DataSourceError, ImageDataModule
+    from sae.evaluate import evaluate
     from sae.io import write_json
-    from sae.models import build_model, decode_dataset, encode_dataset
+    from sae.models import build_model
 
     out = Path(args.out)
     quiet_lightning()
@@ -180,14 +181,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     if not trainer.is_global_zero:
         return {}
 
-    x_hat, codes = encode_dataset(model, dm.test_x)
-    result = metrics.summarize(dm.test_x, x_hat, codes, mean, threshold=model.fire_threshold)
-    # the reconstruction from only the units counted in L0 (differs from fvu for sigmoid codes,
-    # whose sub-threshold activity still reconstructs)
-    result["fvu_at_l0"] = result["fvu"]
-    if model.fire_threshold > 0:
-        kept = codes * metrics.active(codes, model.fire_threshold)
-        result["fvu_at_l0"] = metrics.fvu(dm.test_x, decode_dataset(model, kept), mean)
+    result, _ = evaluate(model, dm.test_x, dm.train_x, mean)
     result.update(wall_time_s=wall, steps=int(trainer.global_step),
                   epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
                   dataset=args.dataset, seed=args.seed, hidden=config.hidden,

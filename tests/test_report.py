@@ -29,7 +29,7 @@ optim:
 comment: "<script>alert(1)</script> & co"
 """
 METRICS = {"mse": 0.0123456, "fvu": 0.2345678, "l0_mean": 12.5, "l0_std": 3.25,
-           "dead_fraction": 0.0234, "dense_fraction": 0.0, "shrinkage": 0.9712,
+           "dead_fraction": 0.0234, "dense_fraction": 0.0, "recon_bias": 0.9712,
            "wall_time_s": 3725.2}
 
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
+from sae.cli import defaults, read_settings_file
 from sae.io import atomic_file, write_json
 from sae.sweep.spec import Run
 
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
            "pearson", "raw_by_dataset", "raw_probes"]
 
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
 SPLIT_KEYS = ("dataset", "val_size", "limit_train", "limit_test")  # settings naming a data split
 
 
@@ -86,9 +85,12 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     import torch
 
     from sae import metrics
+    from sae.checkpoints import read_checkpoint
+    from sae.evaluate import dynamic_measures
     from sae.models import encode_dataset, load_checkpoint
 
-    settings = yaml.safe_load((folder / "config.yaml").read_text())
+    settings = read_settings_file(folder / "config.yaml")
+    settings = {**defaults(), **settings}
     ckpt = folder / "checkpoints" / "last.ckpt"
     model = load_checkpoint(ckpt)
     dm = data.get(settings)
@@ -110,10 +112,10 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
         "class_l0_mean": class_l0,
         "fire_threshold": float(model.fire_threshold),
         # last.ckpt is written at the last validation, which can precede the final step
-        "checkpoint_step": int(torch.load(ckpt, map_location="cpu", weights_only=False)
-                               .get("global_step", -1)),
+        "checkpoint_step": int(read_checkpoint(ckpt).get("global_step", -1)),
         "n_train": len(dm.train_x),
         "n_test": len(dm.test_x),
+        **dynamic_measures(model, dm.test_x, test_codes, dm.train_x),
     }
     with atomic_file(folder / "test_l0.npy") as fh:
         np.save(fh, test_l0)
@@ -176,7 +178,9 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
                "param": run.param, "value": run.value}
         records.append({**metrics, **key, "seed": run.seed, "run": str(run.rel),
                         **{k: a.get(k) for k in ("probe_accuracy", "probe_train_accuracy",
-                                                 "l0_ink_corr", "checkpoint_step")}})
+                                                 "l0_ink_corr", "checkpoint_step",
+                                                 "support_fvu", "support_fvu_const",
+                                                 "adaptive_gain", "adaptivity")}})
         label = config_label(run.param, run.value)
         if a and (folder / "test_l0.npy").is_file():
             l0 = np.load(folder / "test_l0.npy")

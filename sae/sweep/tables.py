@@ -46,11 +46,12 @@ CONFIG_KEYS = ["dataset", "model", "kind", "param", "value"]
 RESULT_COLUMNS = [
     *CONFIG_KEYS, "seed",
     # final test metrics of the run (metrics.json)
-    "mse", "fvu", "fvu_at_l0", "explained_variance", "shrinkage", "l0_mean", "l0_std",
+    "mse", "fvu", "fvu_at_l0", "explained_variance", "recon_bias", "l0_mean", "l0_std",
     "dead_fraction", "dense_fraction", "n_samples", "n_units", "hidden", "lam", "fire_threshold",
     "alpha", "steps", "epochs", "wall_time_s",
     # analysis of the last checkpoint (analysis.json)
     "probe_accuracy", "probe_train_accuracy", "l0_ink_corr", "checkpoint_step",
+    "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity",
     "run",  # run folder, relative to the sweep folder
 ]
 
