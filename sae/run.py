@@ -362,12 +362,12 @@ def train(args: argparse.Namespace) -> dict:
     """Build everything from validated settings, fit, evaluate on the test set."""
     import lightning.pytorch as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+    from lightning.pytorch.callbacks import ModelCheckpoint, Timer, TQDMProgressBar
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from sae import metrics
     from sae.data import ImageDataModule
-    from sae.models import build_model, encode_dataset
+    from sae.models import build_model, encode_dataset, training_callbacks
 
     out = Path(args.out)
     config = model_config(args)
@@ -393,6 +393,7 @@ def train(args: argparse.Namespace) -> dict:
     callbacks = [ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
                                  mode="min", save_top_k=1, save_last=True,
                                  enable_version_counter=False)]
+    callbacks += [timer := Timer(), *training_callbacks(config)]  # time saved in checkpoints
     if not args.no_figures:
         from sae.callbacks import FigureCallback
 
@@ -425,7 +426,7 @@ def train(args: argparse.Namespace) -> dict:
         if trainer.interrupted:
             raise KeyboardInterrupt from None
         raise
-    wall = model.train_seconds()  # summed over the sessions of a resumed run
+    wall = timer.time_elapsed("train")  # summed over the sessions of a resumed run
     # the last validation's checkpoint can be behind when --max-steps ends mid-epoch
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
     if not trainer.is_global_zero:
