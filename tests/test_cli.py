@@ -172,7 +172,7 @@ def test_resume_after_interrupted_run(tmp_path, data_dir):
     assert last.is_file(), "no checkpoint was written before the interruption"
     assert not (out / "metrics.json").exists()
     saved = torch.load(last, weights_only=False)
-    epoch, seconds_before = saved["epoch"], saved["train_seconds"]
+    epoch, seconds_before = saved["epoch"], saved["callbacks"]["Timer"]["time_elapsed"]["train"]
     assert seconds_before > 0
     config_before = (out / "config.yaml").read_text()
     target = epoch + 3
