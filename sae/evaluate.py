@@ -21,7 +21,8 @@ def linear_decoder(model: SparseAutoencoder) -> tuple[Tensor, Tensor] | None:
     if model.config.arch != "linear":
         return None
     with torch.no_grad():
-        return (model.W_dec * model.code_scale).float().cpu(), model.b_dec.float().cpu()
+        return ((model.W_dec * model.code_scale).detach().float().cpu(),
+                model.b_dec.detach().float().cpu())
 
 
 def dynamic_measures(model: SparseAutoencoder, x_test: Tensor, codes: Tensor,

@@ -1,21 +1,24 @@
-"""The figure callback on a short real run: every kind, every cadence, CSV logger only."""
+"""The figure callback on a short real run beside the training guards: every kind, every cadence,
+CSV logger only."""
 
 import lightning.pytorch as L
 from lightning.pytorch.loggers import CSVLogger
 
 from sae.callbacks import FIGURE_KINDS, FigureCallback
-from sae.models import SAEConfig, build_model
+from sae.models import SAEConfig, build_model, training_callbacks
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_figures_every_epoch_and_at_the_end_with_csv_logger_only(mnist_small, tmp_path):
-    model = build_model(SAEConfig(model="sparsemax", hidden=32), mnist_small.train_mean, 50.0)
+    config = SAEConfig(model="sparsemax", hidden=32)
+    model = build_model(config, mnist_small.train_mean, 50.0)
     callback = FigureCallback(tmp_path / "figures", every_n_epochs=2,
                               class_names=mnist_small.class_names, n_atoms=16)
     trainer = L.Trainer(max_epochs=3, limit_train_batches=2, limit_val_batches=2,
                         accelerator="cpu", devices=1, logger=CSVLogger(tmp_path),
-                        callbacks=[callback], enable_checkpointing=False,
+                        callbacks=[callback, *training_callbacks(config)],
+                        enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0)
     trainer.fit(model, datamodule=mnist_small)

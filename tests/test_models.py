@@ -1,20 +1,26 @@
-"""The SAE variants: shapes, the science traps, training controls, and λ controlling L0."""
-
-import math
+"""The SAE variants: shapes, the science traps, the loss terms, training controls, the logging
+cadence, checkpoint compatibility, and λ controlling L0."""
 
 import lightning.pytorch as L
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 
 from sae import metrics
 from sae.models import (
+    L1SAE,
+    MODEL_CLASSES,
     MODELS,
-    NonFiniteLossError,
     SAEConfig,
-    SparsemaxSAE,
+    SparseAutoencoder,
     build_model,
     encode_dataset,
+    load_checkpoint,
 )
+from sae.models import losses as LS
 
 
 def small_model(name: str, hidden: int = 32, **kw) -> torch.nn.Module:
@@ -140,34 +146,6 @@ def test_gradient_clipping_acts(mnist_small, clip):
         assert max(recorder.norms) <= clip * 1.0001
 
 
-def test_resampling_revives_dead_units(mnist_small):
-    config = SAEConfig(model="l1", hidden=64, lam=0.01, dead_window=256, resample_every=4,
-                       resample_until=1.0)
-    model = build_model(config, mnist_small.train_mean, data_var=50.0)
-    with torch.no_grad():
-        model.b_enc[:16] = -1e4  # these units can never fire
-    before = metrics.firing_frequency(encode_dataset(model, mnist_small.val_x)[1])
-    assert (before[:16] == 0).all()
-    trainer = quiet_trainer(max_steps=9, limit_val_batches=0)
-    trainer.fit(model, datamodule=mnist_small)
-    after = metrics.firing_frequency(encode_dataset(model, mnist_small.val_x)[1])
-    assert (after[:16] > 0).float().mean() >= 0.75
-    assert float(model.b_enc[:16].min()) > -1.0
-
-
-def test_resampled_sparsemax_units_enter_the_support(mnist_small):
-    config = SAEConfig(model="sparsemax", hidden=64, dead_window=256, resample_every=4,
-                       resample_until=1.0)
-    model = build_model(config, mnist_small.train_mean, data_var=50.0)
-    with torch.no_grad():
-        model.b_enc[:16] = -1e4  # out-scored by every other unit on every input
-    quiet_trainer(max_steps=5, limit_val_batches=0).fit(model, datamodule=mnist_small)
-    # resampled at step 4 from one input each: each must be in the support on its input, so
-    # it fires on the training images and receives gradient from then on
-    after = metrics.firing_frequency(encode_dataset(model, mnist_small.train_x)[1])
-    assert (after[:16] > 0).all()
-
-
 @pytest.mark.parametrize("groups", [1, 4])
 def test_sparsemax_admission_puts_each_unit_in_the_support_of_its_input(groups):
     model = small_model("sparsemax", hidden=32, groups=groups)
@@ -181,38 +159,6 @@ def test_sparsemax_admission_puts_each_unit_in_the_support_of_its_input(groups):
     share = p[torch.arange(3), idx]
     assert (share > 0).all()
     assert torch.isfinite(model.b_enc).all()
-
-
-def test_resampling_off_leaves_dead_units_dead(mnist_small):
-    config = SAEConfig(model="l1", hidden=64, lam=0.01, dead_guard="none")
-    model = build_model(config, mnist_small.train_mean, data_var=50.0)
-    with torch.no_grad():
-        model.b_enc[:16] = -1e4
-    quiet_trainer(max_steps=9, limit_val_batches=0).fit(model, datamodule=mnist_small)
-    after = metrics.firing_frequency(encode_dataset(model, mnist_small.val_x)[1])
-    assert (after[:16] == 0).all()
-
-
-class PoisonWeights(L.Callback):
-    def on_train_epoch_start(self, trainer, pl_module):
-        if trainer.current_epoch == 1:
-            with torch.no_grad():
-                pl_module.W_enc.fill_(float("nan"))
-
-
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(mnist_small, tmp_path):
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    model = build_model(SAEConfig(model="l1", hidden=32), mnist_small.train_mean, 50.0)
-    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, monitor="val/loss")
-    trainer = quiet_trainer(max_epochs=3, limit_train_batches=3, limit_val_batches=2,
-                            enable_checkpointing=True, callbacks=[PoisonWeights(), ckpt])
-    with pytest.raises(NonFiniteLossError):
-        trainer.fit(model, datamodule=mnist_small)
-    state = torch.load(tmp_path / "last.ckpt", weights_only=False)
-    assert state["epoch"] == 0
-    assert all(torch.isfinite(t).all() for t in state["state_dict"].values()
-               if t.is_floating_point())
 
 
 # ---- λ must measurably control sparsity ------------------------------------------------------
@@ -243,6 +189,150 @@ def test_k_controls_l0(mnist_small):
     assert l0s[2] <= 8
 
 
-def test_sparsemax_is_an_sae_subclass():
-    assert issubclass(SparsemaxSAE, L.LightningModule)
-    assert math.isclose(SAEConfig().lam, 0.01)
+# ---- the registry and checkpoint compatibility ----------------------------------------------
+
+def test_every_model_the_cli_offers_has_its_class():
+    assert set(MODEL_CLASSES) == set(MODELS)
+    for name, cls in MODEL_CLASSES.items():
+        assert issubclass(cls, SparseAutoencoder)
+        assert type(small_model(name)) is cls
+    with pytest.raises(ValueError, match="unknown model 'pca'"):
+        build_model(SAEConfig(model="pca"))
+
+
+SHARED_KEYS = ["b_dec", "W_dec", "W_enc", "b_enc", "data_var", "code_scale", "mean_image",
+               "samples_since_fired", "nonfinite_loss"]
+MLP_KEYS = ["enc_in.0.weight", "enc_in.0.bias", "dec_out.1.weight", "dec_out.1.bias"]
+SUPPORT_KEYS = ["log_temperature", "scale_head.weight", "scale_head.bias"]
+
+
+@pytest.mark.parametrize("arch", ["linear", "mlp"])
+@pytest.mark.parametrize("name", MODELS)
+def test_state_dict_keys_are_those_of_saved_checkpoints(name, arch):
+    # checkpoints already written must keep loading: these names may not change
+    expected = SHARED_KEYS + (MLP_KEYS if arch == "mlp" else [])
+    if name in ("sparsemax", "entmax"):
+        expected += SUPPORT_KEYS
+    if name == "entmax":
+        expected += ["entmax.alpha_raw"]
+    model = small_model(name, arch=arch, mlp_width=8, dead_guard="none")
+    assert sorted(model.state_dict()) == sorted(expected)
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "topk"])
+def test_load_checkpoint_rebuilds_the_model_from_the_saved_format(name, tmp_path):
+    model = small_model(name, dead_guard="none")
+    with torch.no_grad():
+        model.b_enc.normal_()
+    # the layout sae.run writes; "train_seconds" is what earlier versions kept there
+    torch.save({"hyper_parameters": dict(model.hparams), "state_dict": model.state_dict(),
+                "train_seconds": 12.5}, tmp_path / "last.ckpt")
+    loaded = load_checkpoint(tmp_path / "last.ckpt")
+    assert type(loaded) is type(model) and not loaded.training
+    x = torch.rand(7, 20)
+    model.eval()
+    torch.testing.assert_close(loaded(x)[0], model(x)[0], rtol=0, atol=0)
+
+
+# ---- pure loss terms --------------------------------------------------------------------------
+
+def test_fvu_term_is_one_at_the_mean_and_zero_for_a_perfect_reconstruction():
+    x = torch.randn(64, 10, dtype=torch.float64)
+    mean = x.mean(0, keepdim=True)
+    v = (x - mean).pow(2).sum(-1).mean()
+    assert float(LS.fvu_term(x, mean.expand_as(x), v)) == pytest.approx(1.0)
+    assert float(LS.fvu_term(x, x, v)) == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=4), st.integers(0, 2**16))
+def test_effective_support_counts_units_of_a_uniform_code(ks, seed):
+    width = 12
+    p = torch.zeros(1, len(ks) * width, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    for group, k in enumerate(ks):
+        units = torch.randperm(width, generator=g)[:k] + group * width
+        p[0, units] = 1.0 / k
+    # exactly k per group up to the ε that keeps gradients finite
+    assert float(LS.effective_support(p, groups=len(ks))) == pytest.approx(sum(ks), rel=1e-2)
+
+
+def test_loss_terms_gradcheck_in_float64():
+    torch.manual_seed(0)
+    h = torch.rand(5, 6, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h, W: LS.decoder_weighted_l1(h, W, 0.7), (h, W))
+    probs = (0.05 + 0.9 * torch.rand(5, 6, dtype=torch.float64)).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda h: LS.kl_sparsity(h, 0.1), (probs,))
+    p = torch.softmax(torch.randn(5, 6, dtype=torch.float64), -1).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda p: LS.effective_support(p, groups=2), (p,))
+    e = torch.randn(5, 4, dtype=torch.float64)
+    a = torch.randn(5, 6, dtype=torch.float64)
+    dead = torch.tensor([True, False, True, True, False, True])
+    assert torch.autograd.gradcheck(lambda W: LS.auxk_term(e, a, dead, W, 2, 3.0), (W,))
+
+
+def test_auxk_term_uses_only_the_largest_dead_units():
+    W = torch.eye(4)  # unit j draws pixel j
+    a = torch.tensor([[5.0, 3.0, 2.0, -1.0]])
+    residual = torch.tensor([[5.0, 3.0, 2.0, 0.0]])
+    dead = torch.tensor([False, True, True, True])
+    # unit 0 is alive, k = 1: only unit 1 (the largest dead) explains its pixel
+    assert float(LS.auxk_term(residual, a, dead, W, 1, 1.0)) == pytest.approx(25.0 + 4.0)
+    assert float(LS.auxk_term(residual, a, dead, W, 3, 1.0)) == pytest.approx(25.0)
+
+
+# ---- the logging cadence ----------------------------------------------------------------------
+
+class EveryStepProbe(L.Callback):
+    """Logs a value after every step: Lightning writes it only at the steps it chooses."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        pl_module.log("probe", float(trainer.global_step))
+
+
+def logged_steps(csv_dir, column: str) -> list[int]:
+    import pandas as pd
+
+    history = pd.read_csv(csv_dir / "metrics.csv")
+    return sorted(int(s) for s in history.dropna(subset=[column])["step"])
+
+
+def test_training_metrics_are_logged_exactly_at_lightnings_steps(mnist_small, tmp_path):
+    # 5 batches an epoch, so the cadence runs across epoch ends; then resumed from a
+    # checkpoint written at a mid-epoch validation
+    config = SAEConfig(model="entmax", hidden=16, dead_guard="none")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+
+    def fit(steps, log_dir, resume=None):
+        model = build_model(config, mnist_small.train_mean, 50.0)
+        trainer = quiet_trainer(max_steps=steps, limit_train_batches=5, limit_val_batches=1,
+                                val_check_interval=3, log_every_n_steps=4,
+                                logger=CSVLogger(log_dir, name="", version=""),
+                                enable_checkpointing=True, callbacks=[EveryStepProbe(), ckpt])
+        trainer.fit(model, datamodule=mnist_small, ckpt_path=resume)
+        return trainer
+
+    first = fit(13, tmp_path / "first")
+    assert logged_steps(tmp_path / "first", "train/loss") == [3, 7, 11]  # (step + 1) % 4 == 0
+    for column in ("probe", "train/l0", "train/alpha"):
+        assert logged_steps(tmp_path / "first", column) == [3, 7, 11], column
+    resumed_at = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"]
+    assert resumed_at == first.global_step == 13
+    fit(24, tmp_path / "second", resume=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert logged_steps(tmp_path / "second", "probe") == [15, 19, 23]
+    assert logged_steps(tmp_path / "second", "train/loss") == [15, 19, 23]
+
+
+def test_logging_is_skipped_between_logged_steps(mnist_small):
+    calls = []
+
+    class Counting(L1SAE):
+        def log(self, name, *args, **kwargs):
+            calls.append((self.global_step, name))
+
+    model = Counting(SAEConfig(model="l1", hidden=8, dead_guard="none"), mnist_small.train_mean)
+    quiet_trainer(max_steps=6, limit_val_batches=0, log_every_n_steps=3).fit(
+        model, datamodule=mnist_small)
+    assert sorted({step for step, _ in calls}) == [2, 5]  # no self.log call on the other steps
+    assert model.logs_this_step() is False  # step 6: 7 % 3 != 0
