@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 __all__ = [
-    "DATASETS", "DEAD_GUARDS", "MODELS", "PRECISIONS", "SECTIONS", "DataConfig", "HardwareConfig",
-    "OutputConfig", "RunFolderConfig", "SAEConfig", "TrainConfig", "setting",
+    "DATASETS", "DEAD_GUARDS", "FIXED_BUDGET", "MODELS", "PRECISIONS", "SECTIONS", "DataConfig",
+    "HardwareConfig", "OutputConfig", "RunFolderConfig", "SAEConfig", "TrainConfig", "setting",
 ]
 
-MODELS = ("l1", "kl", "sparsemax", "entmax", "topk")
+MODELS = ("l1", "kl", "sparsemax", "entmax", "topk", "batchtopk", "jumprelu")
+FIXED_BUDGET = ("topk", "batchtopk")  # k sets the (mean) L0; λ is not used
 DEAD_GUARDS = ("none", "resample", "auxk")
 DATASETS = ("mnist", "fashion-mnist")
 # what Lightning's Trainer(precision=...) accepts
@@ -55,13 +56,18 @@ class SAEConfig:
     model: str = setting("sparsemax", "sparsity mechanism", choices=MODELS)
     input_dim: int = field(default=784)  # set from the data, not a flag
     hidden: int = setting(512, "code units H", low=1)
-    lam: float = setting(0.01, "penalty weight λ (ignored by topk)", key="lambda", low=0)
-    k: int = setting(32, "topk: active units per input (ignored by the other models)", low=1)
+    lam: float = setting(0.01, "penalty weight λ (ignored by topk and batchtopk)", key="lambda",
+                         low=0)
+    k: int = setting(32, "topk: active units per input; batchtopk: their mean over a batch "
+                     "(ignored by the other models)", low=1)
     rho: float = setting(0.05, "kl: target mean activation ρ", low=0, high=1, low_open=True)
     alpha: float = setting(1.5, "entmax: α (start value when learned or annealed)", low=1,
                            low_open=True)
     alpha_mode: str = setting("learn", "entmax: learn α, anneal it to 2, or keep it fixed",
                               choices=("learn", "anneal", "fixed"))
+    values: str = setting("shrunk", "sparsemax: the values on the support: shrunk, r·p (every "
+                          "value offset by the threshold), or unshrunk, (r/T)·a (a ReLU whose "
+                          "support sparsemax chooses)", choices=("shrunk", "unshrunk"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
@@ -70,6 +76,9 @@ class SAEConfig:
                         "auto = data for sparsemax/entmax", choices=("auto", "random", "data"))
     kl_threshold: float = setting(0.1, "kl: a sigmoid unit fires above this", low=0, high=1,
                                   low_open=True)
+    jumprelu_bandwidth: float = setting(0.001, "jumprelu: bandwidth ε of the threshold's "
+                                        "straight-through gradient, in units of the data's RMS "
+                                        "per pixel", low=0, low_open=True)
     lr: float = setting(1e-3, "Adam learning rate", low=0, low_open=True, group="training")
     lr_warmup: float = setting(0.01, "learning-rate warm-up: steps (>= 1) or fraction of "
                                "training (< 1)", low=0, group="training")
@@ -79,8 +88,9 @@ class SAEConfig:
                                    "training (< 1)", low=0, group="training")
     lambda_warmup_shape: str = setting("linear", "shape of the λ warm-up",
                                        choices=("linear", "cosine"), group="training")
-    dead_guard: str = setting("auto", "dead-unit remedy; auto = auxk for topk, resample "
-                              "otherwise", choices=("auto",) + DEAD_GUARDS, group="training")
+    dead_guard: str = setting("auto", "dead-unit remedy; auto = auxk for topk and batchtopk, "
+                              "resample otherwise", choices=("auto",) + DEAD_GUARDS,
+                              group="training")
     dead_window: int = setting(20_000, "a unit is dead after this many training samples "
                                "without firing", low=1, group="training")
     resample_every: int = setting(500, "steps between dead-unit resamplings", low=1,
@@ -101,7 +111,7 @@ class SAEConfig:
             return self.dead_guard
         if self.arch != "linear":
             return "none"
-        return "auxk" if self.model == "topk" else "resample"
+        return "auxk" if self.model in FIXED_BUDGET else "resample"
 
     def resolved_init(self) -> str:
         """``auto`` starts sparsemax / entmax codes from data: their units compete for support."""
@@ -125,7 +135,7 @@ class SAEConfig:
                 raise ValueError(message)
 
         need(self.input_dim >= 1, "input_dim must be >= 1")
-        need(self.model != "topk" or self.k <= self.hidden,
+        need(self.model not in FIXED_BUDGET or self.k <= self.hidden,
              f"--k must be <= --hidden ({self.hidden}), got {self.k}")
         need(self.model != "entmax" or self.alpha_mode != "learn" or self.alpha > 1.001,
              f"--alpha must be > 1.001 when learned (α = 1.001 + softplus), got {self.alpha}")
@@ -134,9 +144,12 @@ class SAEConfig:
         need(self.hidden % self.groups == 0,
              f"--groups must divide --hidden ({self.hidden}), got {self.groups}")
         guard = self.resolved_dead_guard()
-        need(guard != "auxk" or self.model == "topk", "--dead-guard auxk applies to --model topk")
+        need(guard != "auxk" or self.model in FIXED_BUDGET,
+             "--dead-guard auxk applies to --model topk and batchtopk")
         need(guard == "none" or self.arch == "linear",
              f"--dead-guard {guard} needs --arch linear (use none with mlp)")
+        need(self.values == "shrunk" or self.model == "sparsemax",
+             "--values unshrunk applies to --model sparsemax")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
 

@@ -18,14 +18,17 @@ from sae.checkpoints import read_checkpoint
 from sae.config import MODELS, SAEConfig
 from sae.guards import NonFiniteLossError, training_callbacks
 from sae.models.base import SparseAutoencoder
+from sae.models.batchtopk import BatchTopKSAE
+from sae.models.jumprelu import JumpReLUSAE
 from sae.models.kl import KLSAE
 from sae.models.l1 import L1SAE
 from sae.models.sparsemax import EntmaxSAE, SparsemaxSAE
 from sae.models.topk import TopKSAE
 
-__all__ = ["EntmaxSAE", "KLSAE", "L1SAE", "MODELS", "MODEL_CLASSES", "NonFiniteLossError",
-           "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE", "build_model",
-           "decode_dataset", "encode_dataset", "load_checkpoint", "training_callbacks"]
+__all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS", "MODEL_CLASSES",
+           "NonFiniteLossError", "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE",
+           "build_model", "decode_dataset", "encode_dataset", "load_checkpoint",
+           "training_callbacks"]
 
 MODEL_CLASSES: dict[str, type[SparseAutoencoder]] = {
     "l1": L1SAE,
@@ -33,6 +36,8 @@ MODEL_CLASSES: dict[str, type[SparseAutoencoder]] = {
     "sparsemax": SparsemaxSAE,
     "entmax": EntmaxSAE,
     "topk": TopKSAE,
+    "batchtopk": BatchTopKSAE,
+    "jumprelu": JumpReLUSAE,
 }
 
 

@@ -98,7 +98,13 @@ class SparsemaxSAE(SparseAutoencoder):
         scores = (a.view(len(a), G, -1) / self.log_temperature.exp()[:, None]).view_as(a)
         p = self.support_map(scores)
         r = F.softplus(self.scale_head(x_centred))  # [B, G]
-        h = (p.view(len(p), G, -1) * r.unsqueeze(-1)).view_as(p)
+        values = p
+        if self.config.values == "unshrunk":
+            # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value
+            # is offset by the threshold; the support is still sparsemax's, and the penalty on
+            # p still sets its size
+            values = F.relu(scores) * (p > 0)
+        h = (values.view(len(p), G, -1) * r.unsqueeze(-1)).view_as(p)
         return h, {"p": p}
 
     def penalty(self, h, extras):

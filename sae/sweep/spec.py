@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sae.cli import UsageError, check_mapping, load_yaml, resolve_settings, to_argv
-from sae.config import DATASETS
+from sae.config import DATASETS, FIXED_BUDGET
 
 __all__ = ["RUNNER_KEYS", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
            "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
@@ -29,8 +29,8 @@ STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets thes
 
 
 def grid_key(kind: str) -> str:
-    """What a model's grid sweeps: k for topk (it has no penalty), λ for the others."""
-    return "k" if kind == "topk" else "lambda"
+    """What a model's grid sweeps: k for topk and batchtopk (no penalty), λ for the others."""
+    return "k" if kind in FIXED_BUDGET else "lambda"
 
 
 def _grid_dest(kind: str) -> str:
