@@ -599,8 +599,12 @@ its top {stats["top_index"].shape[1]} test inputs (activation above, label below
 # --------------------------------------------------------------------------- run folder
 
 
-def _run_config(run_dir: Path) -> dict:
-    """The run's ``config.yaml`` as a mapping; RunFolderError when it is not a run folder."""
+def _checked_run(run_dir: Path) -> tuple[dict, Path]:
+    """The run's settings (``config.yaml``) and checkpoint path, checked without heavy imports.
+
+    Raises:
+        RunFolderError: missing folder, no readable ``config.yaml``, or no ``last.ckpt``.
+    """
     if not run_dir.exists():
         raise RunFolderError(f"run folder not found: {run_dir}")
     if not run_dir.is_dir():
@@ -614,7 +618,10 @@ def _run_config(run_dir: Path) -> dict:
         raise RunFolderError(f"cannot read {path}: {exc}") from None
     if not isinstance(config, dict):
         raise RunFolderError(f"{path} does not hold a mapping of settings")
-    return config
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        raise RunFolderError(f"no checkpoint: {ckpt} does not exist (has the run trained?)")
+    return config, ckpt
 
 
 def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
@@ -638,10 +645,7 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
         sae.data.DataSourceError: the test split cannot be found.
     """
     run_dir = Path(run_dir)
-    config = _run_config(run_dir)
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
-    if not ckpt.is_file():
-        raise RunFolderError(f"no checkpoint: {ckpt} does not exist (has the run trained?)")
+    config, ckpt = _checked_run(run_dir)
 
     from sae.data import CLASS_NAMES, load_arrays, to_float
     from sae.embedding import embedding_figure
@@ -679,8 +683,7 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sae.data import DataSourceError
-    from sae.run import OneLineParser, UsageError
+    from sae.run import OneLineParser, UsageError  # light: no torch, no Lightning
 
     parser = OneLineParser(prog="python -m sae.features",
                            description="Write <run-folder>/features.html: what each unit of a "
@@ -698,8 +701,15 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--max-inputs must be >= 1, got {args.max_inputs}")
         if args.out is not None and not args.out.parent.is_dir():
             raise UsageError(f"--out: folder {args.out.parent} does not exist")
+        _checked_run(args.run)  # answer a wrong folder before importing torch
+    except (UsageError, RunFolderError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from sae.data import DataSourceError
+
+    try:
         path = build_features(args.run, args.data_dir, args.max_inputs, args.out)
-    except (UsageError, RunFolderError, DataSourceError, OSError) as exc:
+    except (RunFolderError, DataSourceError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(path)
