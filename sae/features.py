@@ -493,6 +493,7 @@ _FEATURES_JS = """
   });
   ['f-state', 'f-class', 'f-freq', 'f-sel', 'f-max'].forEach(function (id) {
     document.getElementById(id).addEventListener('input', apply);
+    document.getElementById(id).addEventListener('change', apply);
   });
   apply();
 })();

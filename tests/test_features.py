@@ -301,7 +301,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_cli_builds_the_page_of_a_trained_run(tmp_path, data_dir):
-    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1")
+    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1", OMP_NUM_THREADS="1")
     run = tmp_path / "run"
     train = subprocess.run(
         [sys.executable, "-m", "sae.run", "--model", "topk", "--k", "4", "--hidden", "24",
