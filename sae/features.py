@@ -368,8 +368,8 @@ def _index_row(stats: dict[str, np.ndarray], j: int, class_names: Sequence[str])
     sel = float(stats["selectivity"][j])
     data = (f'data-j="{j}" data-freq="{float(stats["frequency"][j]):.6g}" '
             f'data-max="{float(stats["max_activation"][j]):.6g}" '
-            f'data-sel="{f"{sel:.4f}" if math.isfinite(sel) else ""}" data-cls="{pref}" '
-            f'data-state="{state}"')
+            f'data-sel="{f"{sel:.4f}" if math.isfinite(sel) else ""}" '
+            f'data-cls="{pref if pref >= 0 else ""}" data-state="{state}"')  # empty: sorts last
     name = esc(class_names[pref]) if pref >= 0 else "–"
     return (f'<tr {data}><td><a href="#unit-{j}">{j}</a></td>'
             f'<td class="num">{_pct(stats["frequency"][j])}</td>'
