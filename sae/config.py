@@ -188,6 +188,8 @@ class OutputConfig:
     figure_every: int = setting(0, "render figures every N epochs (0: only at the end)", low=0)
     no_figures: bool = setting(False, "write no figures")
     no_report: bool = setting(False, "write no report.html")
+    no_features: bool = setting(False, "write no features.html (the feature browser; its t-SNE "
+                                "takes a few seconds)")
     log_every: int = setting(50, "log training metrics every N steps", low=1)
     progress: str = setting("auto", "progress bar (auto: only on a terminal)",
                             choices=("auto", "on", "off"))

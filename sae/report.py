@@ -43,10 +43,15 @@ FIGURE_KINDS = (
     "activation_frequency",
     "class_unit_heatmap",
     "feature_density",
+    "code_embedding",
 )
 
 # kind -> (heading, what the reader is looking at)
 _KIND_TEXT = {
+    "code_embedding": (
+        "Code embedding",
+        "t-SNE of 2 000 test codes, coloured by class: do codes of different classes separate?",
+    ),
     "decoder_atoms": (
         "Decoder atoms",
         "Decoder columns drawn as images, most frequently firing units first; red is positive, "
@@ -318,6 +323,11 @@ def render_report(run_dir: Path) -> str:
         sections=[
             pages.Section("metrics", "Final test metrics",
                           _metrics_section(metrics, metrics_problem), nav="Final metrics"),
+            *([pages.Section("features", "Every unit", pages.fragment(
+                '<p><a href="features.html">The feature browser</a>: each unit\'s decoder atom, '
+                "the test inputs that activate it most, its activation histogram and class "
+                "distribution, in a sortable index.</p>"), nav="Features")]
+              if (run_dir / "features.html").is_file() else []),
             pages.Section("curves", "Training curves", _curves_section(run_dir)),
             pages.Section("figures", "Figures (latest epoch of each kind)",
                           _figures_section(run_dir), nav="Figures"),

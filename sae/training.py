@@ -189,6 +189,10 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     if config.model == "entmax":
         result["alpha"] = float(model.current_alpha())
     write_json(out / "metrics.json", result)
+    if not args.no_features:
+        from sae.features import build_features
+
+        build_features(out, data_dir=args.data_dir)
     if not args.no_report:
         from sae.report import write_report
 

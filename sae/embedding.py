@@ -1,0 +1,112 @@
+"""A 2-D embedding of test-set codes coloured by class: do codes of different classes separate?
+
+:func:`embed_codes` maps codes ``[N, H]`` to points ``[n, 2]`` with t-SNE (scikit-learn) on a
+fixed, seeded subset of at most 2 000 codes; :func:`embedding_figure` draws them, one colour per
+class. Like :mod:`sae.figures` this is a pure function (arrays in, ``matplotlib.figure.Figure``
+out) styled by ``sae.figures.common.styled``.
+
+Why t-SNE and these settings: PCA of sparse codes mostly shows the few most frequent units, while
+t-SNE keeps neighbourhoods, which is what "do classes separate" asks. The codes are first reduced
+to 50 principal components (the usual t-SNE preprocessing; it also drops most of the noise of
+hundreds of rarely used units), then embedded with Barnes-Hut t-SNE (perplexity 30, PCA
+initialisation, 500 iterations; the default 1 000 doubles the time for a barely different
+picture). On 2 000 codes of a 512-unit MNIST SAE this costs about 5 s of one CPU core, imports
+included. scikit-learn's OpenMP threads are limited to one: its runtime and PyTorch's each start
+a thread per core, and on a busy 2-core machine their spin-waiting made t-SNE 4x slower
+(43 s against 11 s wall at a load of 6).
+"""
+
+from __future__ import annotations
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.figure import Figure
+
+from sae.figures.common import empty_note, styled
+
+__all__ = ["EMBED_MAX_POINTS", "embed_codes", "embedding_figure"]
+
+EMBED_MAX_POINTS = 2000  # codes embedded at most: t-SNE time grows faster than linearly
+_PCA_DIMS = 50
+_MIN_POINTS = 10  # below this a neighbourhood embedding says nothing
+
+
+def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS,
+                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """t-SNE of a seeded random subset of codes.
+
+    Args:
+        codes: ``[N, H]`` code activations (test set).
+        max_points: embed at most this many codes (a uniform random subset without replacement).
+        seed: seed of the subset and of t-SNE, so the same run gives the same picture.
+
+    Returns:
+        ``(points [n, 2], index [n])``: the embedded positions and which rows of ``codes`` they
+        are (sorted), ``n = min(N, max_points)``. Fewer than 10 codes give empty arrays.
+    """
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
+
+    codes = np.asarray(codes, dtype=np.float32)
+    n = min(len(codes), int(max_points))
+    if n < _MIN_POINTS:
+        return np.zeros((0, 2)), np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    index = np.sort(rng.choice(len(codes), size=n, replace=False))
+    data = np.nan_to_num(codes[index])
+    dims = min(_PCA_DIMS, n, data.shape[1])
+    if data.shape[1] > dims:
+        data = PCA(n_components=dims, random_state=seed).fit_transform(data)
+    perplexity = min(30.0, (n - 1) / 3)
+    tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", max_iter=500,
+                random_state=seed)
+    with threadpool_limits(1):  # see the module docstring: OpenMP runtimes fight otherwise
+        return tsne.fit_transform(data), index
+
+
+@styled
+def embedding_figure(codes: np.ndarray, labels: np.ndarray,
+                     class_names: list[str] | None = None, max_points: int = EMBED_MAX_POINTS,
+                     seed: int = 0) -> Figure:
+    """Scatter plot of a t-SNE embedding of test codes, one colour per class.
+
+    Args:
+        codes: ``[N, H]`` code activations.
+        labels: ``[N]`` integer class of each input.
+        class_names: name of each class (legend); default: the class index.
+        max_points: embed at most this many codes (see :func:`embed_codes`).
+        seed: subset and t-SNE seed.
+
+    Codes of one class forming their own islands means the code separates the classes without
+    being trained on labels; a single blob means it does not.
+    """
+    labels = np.asarray(labels).ravel()
+    codes = np.asarray(codes)
+    if len(labels) != len(codes):
+        raise ValueError(f"{len(codes)} codes but {len(labels)} labels")
+    points, index = embed_codes(codes, max_points, seed)
+    fig = Figure(figsize=(7.2, 5.6), layout="constrained")
+    ax = fig.add_subplot()
+    if len(points) == 0:
+        fig.suptitle("t-SNE of test codes")
+        empty_note(ax, f"only {len(codes)} codes: too few to embed")
+        return fig
+    fig.suptitle(f"t-SNE of {len(points):,} test codes (of {len(codes):,}), coloured by class")
+    shown = labels[index]
+    n_classes = max(int(labels.max()) + 1, len(class_names or []))
+    names = list(class_names or []) + [str(c) for c in range(len(class_names or []), n_classes)]
+    colours = mpl.colormaps["tab10" if n_classes <= 10 else "tab20"]
+    for c in range(n_classes):
+        mask = shown == c
+        if mask.any():
+            ax.scatter(points[mask, 0], points[mask, 1], s=6, alpha=0.75, linewidths=0,
+                       color=colours(c % colours.N), label=names[c])
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel("t-SNE 1")
+    ax.set_ylabel("t-SNE 2")
+    ax.legend(title="class", loc="center left", bbox_to_anchor=(1.0, 0.5), markerscale=2.5,
+              frameon=False)
+    return fig
+

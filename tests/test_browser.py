@@ -1,0 +1,176 @@
+"""A trained run's report.html and features.html in a real browser (headless Chromium, selenium).
+
+One short real run (300 steps, 128 units) is trained, its feature page built with
+``python -m sae.features``, and both pages are opened from file:// URLs: no console errors, every
+image and sprite decodes, every unit has its anchor, nothing points outside the page, the sort
+buttons and filters work, and the page fits a 400 px wide window.
+
+Needs ``selenium`` (the ``test`` extra) and Debian's ``chromium`` + ``chromium-driver``; the tests
+skip, saying which is missing, without them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+HIDDEN = 128
+CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def driver():
+    """A headless Chromium with a fresh profile that keeps the page's console messages."""
+    pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[test]')")
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not found (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        options = Options()
+        options.binary_location = str(CHROMIUM)
+        for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        chrome = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+        try:
+            chrome.set_window_size(1280, 1000)
+            yield chrome
+        finally:
+            chrome.quit()
+
+
+@pytest.fixture(scope="module")
+def run(driver, tmp_path_factory, data_dir) -> Path:
+    """A 300-step sparsemax run with its report.html and features.html."""
+    root = tmp_path_factory.mktemp("browser")
+    out = root / "run"
+    # one OpenMP thread: on a busy 2-core machine, threads that wait for each other turned
+    # these 300 steps from ~3 s into over a minute
+    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1", OMP_NUM_THREADS="1")
+    train = subprocess.run(
+        [sys.executable, "-m", "sae.run", "--model", "sparsemax", "--max-steps", "300",
+         "--limit-train", "4000", "--val-size", "500", "--limit-test", "1000", "--hidden",
+         str(HIDDEN), "--batch-size", "128", "--out", str(out)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0, train.stderr
+    build = subprocess.run([sys.executable, "-m", "sae.features", str(out)], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    return out
+
+
+def open_page(driver, path: Path) -> None:
+    driver.get_log("browser")  # drop messages of earlier pages
+    driver.get(path.as_uri())
+
+
+def severe_messages(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+@pytest.mark.parametrize("page", ["report.html", "features.html"])
+def test_page_loads_cleanly(driver, run, page):
+    open_page(driver, run / page)
+    assert driver.execute_script("return document.readyState") == "complete"
+    assert severe_messages(driver) == []
+    broken = driver.execute_script(
+        "return Array.from(document.images)"
+        ".filter(function (i) { return !(i.complete && i.naturalWidth > 0); })"
+        ".map(function (i) { return i.alt; });")
+    assert broken == []
+    assert driver.execute_script("return document.images.length") >= 1
+    source = driver.page_source
+    assert "http://" not in source and "https://" not in source
+
+
+def test_every_unit_has_an_anchor_and_sprites_load(driver, run):
+    open_page(driver, run / "features.html")
+    ids = driver.execute_script(
+        "return Array.from(document.querySelectorAll('[id^=\"unit-\"]'), e => e.id);")
+    assert sorted(ids) == sorted(f"unit-{j}" for j in range(HIDDEN))
+    # every sprite tile's background, decoded once per distinct sheet
+    sheets = driver.execute_async_script("""
+        var done = arguments[arguments.length - 1];
+        var urls = new Set();
+        document.querySelectorAll('.sa, .t i').forEach(function (e) {
+          urls.add(getComputedStyle(e).backgroundImage.slice(5, -2));
+        });
+        Promise.all(Array.from(urls, function (url) {
+          var img = new Image();
+          img.src = url;
+          return img.decode().then(function () { return [url.slice(0, 22), img.naturalWidth]; },
+                                   function () { return [url.slice(0, 22), 0]; });
+        })).then(done);
+    """)
+    assert len(sheets) == 2  # one sheet of atoms, one of top inputs
+    for prefix, width in sheets:
+        assert prefix == "data:image/png;base64,"
+        assert width > 0
+    tiles = driver.execute_script("return document.querySelectorAll('.sa').length")
+    assert tiles == HIDDEN
+
+
+def index_order(driver) -> list[int]:
+    return [int(j) for j in driver.execute_script(
+        "return Array.from(document.querySelectorAll('#index tbody tr'), r => r.dataset.j);")]
+
+
+def test_sort_and_filter_the_index(driver, run):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    open_page(driver, run / "features.html")
+    before = index_order(driver)
+    assert before == list(range(HIDDEN))
+    driver.find_element(By.ID, "sort-freq").click()
+    after = index_order(driver)
+    assert after != before and sorted(after) == before
+    freq = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#index tbody tr'),"
+        " r => parseFloat(r.dataset.freq));")
+    assert freq == sorted(freq, reverse=True)
+    assert freq[0] > freq[-1]
+    cards = driver.execute_script(
+        "return Array.from(document.getElementById('units').children, c => +c.dataset.j);")
+    assert cards == after  # the unit sections follow the index
+    driver.find_element(By.ID, "sort-freq").click()  # again: ascending
+    rows = {j: f for j, f in zip(after, freq, strict=True)}
+    ascending = [rows[j] for j in index_order(driver)]
+    assert ascending == sorted(freq)
+
+    Select(driver.find_element(By.ID, "f-class")).select_by_value("1")
+    shown = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#index tbody tr'))"
+        ".filter(r => !r.hidden).map(r => r.dataset.cls);")
+    assert shown and set(shown) == {"1"}
+    assert driver.find_element(By.ID, "shown").text == f"{len(shown)} of {HIDDEN} units shown"
+    assert severe_messages(driver) == []
+
+
+def test_features_page_fits_a_narrow_window(driver, run):
+    driver.set_window_size(400, 900)
+    try:
+        open_page(driver, run / "features.html")
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0
+        box = driver.execute_script(
+            "var b = document.querySelector('.index-box'); return [b.scrollWidth, b.clientWidth]")
+        assert box[1] <= 400  # the index scrolls inside its own box
+    finally:
+        driver.set_window_size(1280, 1000)
