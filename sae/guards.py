@@ -27,10 +27,11 @@ ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss; ``step`` is the step at which it was noticed."""
+    """Training produced a NaN or infinite loss, or diverged (a batch FVU above
+    ``base.DIVERGED_FVU``); ``step`` is the step at which it was noticed."""
 
     def __init__(self, step: int):
-        super().__init__(f"non-finite loss at step {step}")
+        super().__init__(f"non-finite or diverging loss at step {step}")
         self.step = step
 
 

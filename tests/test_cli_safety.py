@@ -156,3 +156,12 @@ def test_metrics_json_is_strict_json(trained):
 
     metrics = json.loads((trained / "metrics.json").read_text(), parse_constant=refuse)
     assert metrics["steps"] == 8
+
+
+def test_a_finite_blow_up_stops_like_a_nan(tmp_path, data_dir):
+    out = tmp_path / "run"
+    result = run_cli(["--model", "l1", "--lr", "1e6", "--grad-clip", "0", "--max-steps", 40,
+                      "--out", out, *QUICK, "--no-figures", "--no-report"], tmp_path, data_dir)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "diverging loss" in result.stderr and "Traceback" not in result.stderr
+    assert not (out / "metrics.json").exists()

@@ -40,6 +40,8 @@ from sae.config import SAEConfig
 from sae.models.losses import fvu_term
 from sae.schedules import lambda_at, lr_factor, resolve_steps
 
+DIVERGED_FVU = 1e3  # a training batch's FVU above this stops training as a NaN does
+
 
 class SparseAutoencoder(L.LightningModule):
     """Base SAE: shared encoder/decoder, loss assembly, validation statistics, optimiser.
@@ -161,14 +163,16 @@ class SparseAutoencoder(L.LightningModule):
         with torch.no_grad():
             active = metrics.active(h, self.fire_threshold)
             self.samples_since_fired.add_(len(x)).masked_fill_(active.any(0), 0)
-            self.nonfinite_loss |= ~torch.isfinite(loss)
+            # a NaN, or a blow-up that stays finite: the batch FVU far above that of x̂ = x̄ (1)
+            self.nonfinite_loss |= ~torch.isfinite(loss) | (recon > DIVERGED_FVU)
         if self.logs_this_step():
             self.log("train/loss", loss, prog_bar=True)
             self.log("train/recon", recon)
             self.log("train/penalty", penalty)
             self.log("train/lambda", lam_t)
             self.log("train/l0", active.sum(-1).float().mean(), prog_bar=True)
-            self.log("train/dead_fraction", self.dead_mask(reduce=False).float().mean())
+            # over all DDP ranks (every rank logs on the same steps, so the collective matches)
+            self.log("train/dead_fraction", self.dead_mask().float().mean())
             if aux is not None:
                 self.log("train/aux", aux)
         return loss
