@@ -73,6 +73,7 @@ tables then cover the finished ones), 2 for bad input, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -161,6 +162,14 @@ def dry_run(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> Non
     say(f"{len(runs)} runs ({counts}); nothing was trained (--dry-run)")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: the sweep stops its trainings as for Ctrl-C and exits 143."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
 
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
 
+    signal.signal(signal.SIGTERM, _terminated)  # stop the trainings as Ctrl-C does
     with held:
         write_text(args.out / "sweep.yaml", sweep.text)
         threads = max(1, total_threads() // args.jobs)
@@ -191,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
         try:
             analyses, failed = run_sweep(args.out, runs, args.jobs, gpus, say)
-        except KeyboardInterrupt:
-            print(f"interrupted; run the same command again to continue ({args.out})",
+        except KeyboardInterrupt as e:
+            what = "terminated" if isinstance(e, Terminated) else "interrupted"
+            print(f"{what}; run the same command again to continue ({args.out})",
                   file=sys.stderr)
-            return 130
+            return 143 if isinstance(e, Terminated) else 130
         written = write_outputs(args.out, sweep, runs, analyses)
         say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
             f" in {args.out}")

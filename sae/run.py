@@ -39,6 +39,7 @@ EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
+PARENT_ENV = "SAE_STOP_WITH_PARENT"  # a sweep's pid: stop (SIGTERM) when that process dies
 
 
 def is_primary_process() -> bool:
@@ -82,6 +83,22 @@ def write_config(args: argparse.Namespace, path: Path) -> None:
     write_text(path, yaml.safe_dump(config_file_dict(vars(args)), sort_keys=False))
 
 
+def stop_with_parent() -> None:
+    """On Linux, ask for SIGTERM when the sweep that started this run dies (even by kill -9),
+    so that no orphaned training goes on writing its run folder."""
+    parent = os.environ.pop(PARENT_ENV, None)  # not inherited by DDP workers
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _raise_terminated(signum, frame):
     from sae.training import Terminated
 
@@ -117,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted before training started")
         return EXIT_INTERRUPTED
     signal.signal(signal.SIGTERM, _raise_terminated)
+    if primary:
+        stop_with_parent()
     return _train(args, config, out, created, primary, say)
 
 

@@ -4,11 +4,14 @@ user's work, and reports every failure as one line (subprocess calls, as a user 
 import json
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
 import torch
-from cli_helpers import QUICK, assert_one_line_error, run_cli, start_cli
+from cli_helpers import QUICK, assert_one_line_error, cli_env, run_cli, start_cli
 from test_checkpoints import poisoned_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -165,3 +168,31 @@ def test_a_finite_blow_up_stops_like_a_nan(tmp_path, data_dir):
     assert result.returncode == 1, result.stderr[-2000:]
     assert "diverging loss" in result.stderr and "Traceback" not in result.stderr
     assert not (out / "metrics.json").exists()
+
+
+def test_a_training_stops_when_the_sweep_that_started_it_dies(tmp_path, data_dir):
+    from sae import runfolder
+
+    out = tmp_path / "run"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, subprocess, sys
+        env = dict(os.environ, SAE_STOP_WITH_PARENT=str(os.getpid()))
+        child = subprocess.Popen([sys.executable, "-m", "sae.run", "--model", "l1", "--epochs",
+                                  "500", "--out", {str(out)!r}, *{QUICK!r}, "--no-figures",
+                                  "--no-report", "--no-features"], env=env)
+        child.wait()
+    """)], cwd=tmp_path, env=cli_env(tmp_path, data_dir))
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "checkpoints" / "last.ckpt").is_file():
+        time.sleep(0.3)
+    assert runfolder.is_locked(out)
+    parent.kill()  # kill -9: the sweep gets no chance to stop its children
+    parent.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and runfolder.is_locked(out):
+        time.sleep(0.3)
+    assert not runfolder.is_locked(out), "the orphaned training kept running"
+    # and the run resumes cleanly
+    result = run_cli(["--out", out, "--resume", "--epochs", 1, "--no-features"], tmp_path,
+                     data_dir)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -198,7 +198,7 @@ def test_page_is_self_contained_and_escapes_text(page_parts):
     assert "http://" not in page and "https://" not in page
     assert not re.search(r'(src|href)="(?!#|data:)', page)  # only anchors and inline data
     assert page.count("<script>") == 1  # the page's own script; the class name is escaped
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
     assert "a &amp; b" in page and "run &lt;1&gt;" in page
 
 

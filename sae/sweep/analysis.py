@@ -63,6 +63,13 @@ def pearson(a, b) -> float | None:
     return float((a * b).sum() / denom) if denom > 0 else None
 
 
+def _load_l0(folder: Path):
+    """The cached per-input test L0 (``test_l0.npy``; plain numbers only, no pickles)."""
+    import numpy as np
+
+    return np.load(folder / "test_l0.npy", allow_pickle=False)
+
+
 def analysis_is_current(folder: Path) -> bool:
     """Whether ``analysis.json`` and ``test_l0.npy`` exist, are of this version and are newer
     than the run's ``metrics.json``."""
@@ -71,7 +78,8 @@ def analysis_is_current(folder: Path) -> bool:
         return False
     try:
         version = json.loads(path.read_text()).get("version")
-    except (OSError, ValueError, AttributeError):
+        _load_l0(folder)  # a damaged cache is recomputed, not trusted
+    except (OSError, ValueError, AttributeError, EOFError):
         return False
     return version == ANALYSIS_VERSION and \
         path.stat().st_mtime >= (folder / "metrics.json").stat().st_mtime
@@ -183,7 +191,7 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
                                                  "adaptive_gain", "adaptivity")}})
         label = config_label(run.param, run.value)
         if a and (folder / "test_l0.npy").is_file():
-            l0 = np.load(folder / "test_l0.npy")
+            l0 = _load_l0(folder)
             l0_parts.append(pd.DataFrame({"dataset": run.dataset, "model": run.model,
                                           "config": label, "l0": l0}))
             for name, mean in zip(a["class_names"], a["class_l0_mean"], strict=True):

@@ -22,7 +22,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sae import runfolder
 from sae.cli import UsageError
+from sae.run import PARENT_ENV
 from sae.sweep.analysis import DataCache, analyse_run
 from sae.sweep.spec import Run
 
@@ -34,9 +36,12 @@ __all__ = ["Progress", "RunPool", "check_folders", "job_env", "lock", "log_path"
 
 
 def run_state(folder: Path) -> str:
-    """done (metrics.json), resume (checkpoint), restart (config.yaml only), new, or foreign."""
+    """done (metrics.json), busy (another process trains it: its lock is held), resume
+    (checkpoint), restart (config.yaml only), new, or foreign."""
     if (folder / "metrics.json").is_file():
         return "done"
+    if folder.is_dir() and runfolder.is_locked(folder):
+        return "busy"
     if (folder / "checkpoints" / "last.ckpt").is_file() and (folder / "config.yaml").is_file():
         return "resume"
     if (folder / "config.yaml").is_file():
@@ -123,6 +128,8 @@ def total_threads() -> int:
 def job_env(slot: int, threads: int, gpu: str | None) -> dict[str, str]:
     """The environment of one training subprocess: its thread share and GPU."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    # the training stops (SIGTERM, keeping its checkpoint) if the sweep dies, even by kill -9
+    env[PARENT_ENV] = str(os.getpid())
     for name in ("SAE_RUN_DIR", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"):
         env.pop(name, None)  # a sweep started inside a run must not steer its children
     if gpu is not None:
@@ -215,11 +222,15 @@ def _clock(seconds: float) -> str:
 
 
 def _last_line(path: Path) -> str:
+    """The cause of a failed run: its last ``error:`` line, else its last line of output (not the
+    ``# exit code`` line the pool appends)."""
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln for ln in path.read_text(errors="replace").splitlines()
+                 if ln.strip() and not ln.startswith("# exit code")]
     except OSError:
         return ""
-    return lines[-1][:200] if lines else ""
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    return (errors or lines or [""])[-1][:200]
 
 
 @dataclass
@@ -277,7 +288,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
     states = {id(run): run_state(sweep_dir / run.rel) for run in runs}
     pending = {}
     for run in runs:
-        if states[id(run)] != "done":
+        if states[id(run)] not in ("done", "busy"):
             folder = sweep_dir / run.rel
             log = log_path(sweep_dir, run)
             command = train_command(run, folder, states[id(run)])
@@ -289,6 +300,10 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
                 progress.skipped += 1
                 a = analyse(run, folder)
                 say(progress.line(run, "skipped (finished)", _metrics_note(folder, a)))
+            elif states[id(run)] == "busy":
+                progress.failed += 1
+                say(progress.line(run, "FAILED (busy)", "another process is training it; "
+                                  "left alone"))
         for future in _completed(pending):
             run, log = pending[future]
             folder = sweep_dir / run.rel
