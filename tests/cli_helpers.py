@@ -11,7 +11,9 @@ QUICK = ["--limit-train", "1024", "--val-size", "256", "--limit-test", "256", "-
 
 
 def cli_env(cwd, data_dir, **extra) -> dict:
-    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1",
+    # one thread per training: the tests' small models gain nothing from more, and several
+    # processes each spinning up a thread per core slow each other down many times over
+    env = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1", OMP_NUM_THREADS="1",
                SAE_CACHE_DIR=str(Path(cwd) / "cache"), **extra)
     env.pop("SAE_RUN_DIR", None)
     return env
