@@ -66,8 +66,9 @@ class SAEConfig:
     alpha_mode: str = setting("learn", "entmax: learn α, anneal it to 2, or keep it fixed",
                               choices=("learn", "anneal", "fixed"))
     values: str = setting("shrunk", "sparsemax: the values on the support: shrunk, r·p (every "
-                          "value offset by the threshold), or unshrunk, (r/T)·a (a ReLU whose "
-                          "support sparsemax chooses)", choices=("shrunk", "unshrunk"))
+                          "value offset by the threshold); unshrunk, (r/T)·a (a ReLU whose "
+                          "support sparsemax chooses); unshrunk-ste, unshrunk values with the "
+                          "gradient of shrunk ones", choices=("shrunk", "unshrunk", "unshrunk-ste"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))

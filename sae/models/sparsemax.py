@@ -46,6 +46,14 @@ class SparsemaxSAE(SparseAutoencoder):
     the last epochs (order 2: 62 → 92, order 1: 43 → 64), against 31 → 35 with order 1/2. Its
     gradient, proportional to 1/sqrt(p_j), pushes small entries out of the support.
 
+    **Values on the support** (``values``). ``shrunk``: h = r·p as above, every active value
+    offset by the threshold Tτ. ``unshrunk``: h_j = (r/T)·ReLU(a_j) on sparsemax's support, 0
+    elsewhere: the support (and the penalty on p that sets its size) is the same, but the values
+    are those of a plain ReLU, not pulled towards zero by the threshold. The reconstruction's
+    gradient then reaches only the units on the support, and the support's size only through the
+    penalty. ``unshrunk-ste`` keeps the unshrunk values but passes the shrunk code's gradient
+    (straight through), so the reconstruction still acts on the support through the threshold.
+
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
     (and, tied, the encoder rows) at centred training images for this model (31.8 % → 1.4 % dead
@@ -99,11 +107,13 @@ class SparsemaxSAE(SparseAutoencoder):
         p = self.support_map(scores)
         r = F.softplus(self.scale_head(x_centred))  # [B, G]
         values = p
-        if self.config.values == "unshrunk":
+        if self.config.values != "shrunk":
             # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value
             # is offset by the threshold; the support is still sparsemax's, and the penalty on
             # p still sets its size
             values = F.relu(scores) * (p > 0)
+            if self.config.values == "unshrunk-ste":  # forward unshrunk, backward as shrunk
+                values = p + (values - p).detach()
         h = (values.view(len(p), G, -1) * r.unsqueeze(-1)).view_as(p)
         return h, {"p": p}
 
