@@ -22,8 +22,8 @@ import lightning.pytorch as L
 import torch
 
 from sae.data import ImageDataModule
-from sae.models import SAEConfig, build_model
-from sae.run import quiet_lightning
+from sae.models import SAEConfig, build_model, training_callbacks
+from sae.training import quiet_lightning
 
 
 class EpochTimer(L.Callback):
@@ -44,7 +44,9 @@ def make_model(dm: ImageDataModule, name: str, hidden: int):
 
 
 def lightning_epochs(dm, name: str, hidden: int, epochs: int, callbacks=()) -> list[float]:
+    """Epoch times under Lightning, with the guards a run uses (dead units, non-finite loss)."""
     model = make_model(dm, name, hidden)
+    callbacks = [*training_callbacks(model.config), *callbacks]
     timer = EpochTimer()
     trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
