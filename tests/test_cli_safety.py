@@ -196,3 +196,48 @@ def test_a_training_stops_when_the_sweep_that_started_it_dies(tmp_path, data_dir
     result = run_cli(["--out", out, "--resume", "--epochs", 1, "--no-features"], tmp_path,
                      data_dir)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_poisoned_checkpoint_runs_nothing_in_the_api_and_the_sweep_analysis(tmp_path, trained):
+    from sae.checkpoints import CheckpointError
+    from sae.models import load_checkpoint
+    from sae.sweep.analysis import DataCache, analyse_run
+
+    run = copy_run(trained, tmp_path)
+    marker = tmp_path / "owned"
+    poisoned_checkpoint(run / "checkpoints" / "last.ckpt", marker)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(run / "checkpoints" / "last.ckpt")
+    with pytest.raises(CheckpointError):
+        analyse_run(run, DataCache())
+    assert not marker.exists()
+
+
+def test_report_of_a_folder_with_a_poisoned_checkpoint_runs_nothing(tmp_path, trained, data_dir):
+    run = copy_run(trained, tmp_path)
+    marker = tmp_path / "owned"
+    poisoned_checkpoint(run / "checkpoints" / "last.ckpt", marker)
+    result = run_cli([run], tmp_path, data_dir, module="sae.report")
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+
+
+def test_last_checkpoint_is_the_last_step_not_the_best(trained):
+    from sae.checkpoints import read_checkpoint
+
+    assert read_checkpoint(trained / "checkpoints" / "last.ckpt")["global_step"] == 8
+    assert (trained / "checkpoints" / "best.ckpt").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "nonsense"], "cannot set up training"),
+    (["--resume", "FOLDER"], "is a folder"),
+    (["--config", "FOLDER"], "is a folder"),
+])
+def test_more_bad_input_is_one_line(tmp_path, data_dir, args, message):
+    (tmp_path / "FOLDER").mkdir()
+    out = tmp_path / "run"
+    result = run_cli([*args, "--out", out, *QUICK, "--max-steps", 2], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert message in result.stderr
+    assert not out.exists()
