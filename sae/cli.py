@@ -336,6 +336,9 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
     if explicit.get("config"):
         settings.update(read_settings_file(explicit["config"]))
     if explicit.get("resume") is not None:
+        if explicit["resume"] != "last" and Path(explicit["resume"]).is_dir():
+            raise UsageError(f"--resume {explicit['resume']} is a folder; give a checkpoint "
+                             "file, or --out FOLDER --resume")
         out = explicit.get("out") or os.environ.get("SAE_RUN_DIR")
         if out is None and explicit["resume"] != "last":
             out = run_dir_of_checkpoint(Path(explicit["resume"]))

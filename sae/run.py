@@ -64,9 +64,6 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UsageError(f"--data-dir {args.data_dir} is not a folder")
     if args.resume not in (None, "last"):
-        if Path(args.resume).is_dir():
-            raise UsageError(f"--resume {args.resume} is a folder; give a checkpoint file, or "
-                             "--out FOLDER --resume")
         if not Path(args.resume).is_file():
             raise UsageError(f"--resume checkpoint {args.resume} does not exist")
     if args.resume == "last":
