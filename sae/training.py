@@ -111,6 +111,9 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         state = read_checkpoint(ckpt)
         check_compatible(state, asdict(config), ckpt)
         start_step = int(state.get("global_step", 0))
+        if int(state.get("epoch", 0)) > args.epochs:
+            raise TrainingSetupError(f"--epochs {args.epochs} is below the epoch of checkpoint "
+                                     f"{ckpt} ({state['epoch']}); give at least that many")
         if not any(str(k).startswith("Timer") for k in state.get("callbacks", {})):
             legacy_seconds = float(state.get("train_seconds", 0.0))  # an earlier version's
         del state

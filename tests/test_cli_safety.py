@@ -192,9 +192,15 @@ def test_a_training_stops_when_the_sweep_that_started_it_dies(tmp_path, data_dir
     while time.time() < deadline and runfolder.is_locked(out):
         time.sleep(0.3)
     assert not runfolder.is_locked(out), "the orphaned training kept running"
+    from sae.checkpoints import read_checkpoint
+
+    epoch = int(read_checkpoint(out / "checkpoints" / "last.ckpt")["epoch"])
+    if epoch > 1:  # fewer epochs than the checkpoint has done: one line
+        assert_one_line_error(run_cli(["--out", out, "--resume", "--epochs", 1], tmp_path,
+                                      data_dir))
     # and the run resumes cleanly
-    result = run_cli(["--out", out, "--resume", "--epochs", 1, "--no-features"], tmp_path,
-                     data_dir)
+    result = run_cli(["--out", out, "--resume", "--epochs", epoch + 1, "--no-features"],
+                     tmp_path, data_dir)
     assert result.returncode == 0, result.stderr[-2000:]
 
 

@@ -25,7 +25,7 @@ class JumpReLUSAE(SparseAutoencoder):
     L0 on MNIST with 512 units.
     """
 
-    THETA0 = 0.5
+    THETA0 = 1.0  # about 1 in 6 random-direction units active at the start
     PENALTY_SCALE = 8.0
 
     def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
