@@ -1,14 +1,15 @@
 """Forward+backward speed of the sparse maps against torch.softmax and the `entmax` package.
 
-    python benchmarks/bench_activations.py [--threads 2] [--rows 256] [--scale 1.0]
+    python benchmarks/bench_activations.py [--threads 2] [--rows 256] [--width 512] [--scale 1]
 
-For 256 rows of float32 standard-normal scores (times --scale) and d in {16, 256, 1024, 4096,
-16384}, prints the median time of y = f(x); y.backward(g) for each map, and its ratio to
-torch.softmax; "sparsemax" is what ``sae.activations.sparsemax`` runs (on CPU, the compiled
-kernels of ``sae.kernels`` up to their width limit), "sparsemax(ops)" its tensor-op path (CUDA,
-torch.compile, wider rows). The maps run in turn within every repetition and the ratio is the
-median over repetitions of the ratio within one repetition, so that a busy machine, which slows
-the maps alike, moves the absolute times more than the ratios. CPU always (with
+For --rows rows (256) of float32 standard-normal scores (times --scale) and d in {16, 256, 512,
+1024, 4096, 16384} (or --width), prints the median time of y = f(x); y.backward(g) for each map,
+and its ratio to torch.softmax; "sparsemax" and "entmax15" are what ``sae.activations`` runs (on
+CPU, sparsemax of rows up to 4096 wide runs in the compiled kernels of ``sae.kernels``; on CUDA
+both run in the Triton kernels of ``sae.triton_kernels``), "(ops)" their tensor-op path (CUDA
+without triton, torch.compile, wider rows). The maps run in turn within every repetition and the
+ratio is the median over repetitions of the ratio within one repetition, so that a busy machine,
+which slows the maps alike, moves the absolute times more than the ratios. CPU always (with
 torch.set_num_threads(--threads)); CUDA too when present.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's sae, not another
-from sae import kernels  # noqa: E402
+from sae import kernels, triton_kernels  # noqa: E402
 from sae.activations import entmax15, entmax_alpha, sparsemax  # noqa: E402
 
 try:
@@ -32,16 +33,21 @@ try:
 except ImportError:  # the package is a test dependency only
     entmax = None
 
-SIZES = (16, 256, 1024, 4096, 16384)
+SIZES = (16, 256, 512, 1024, 4096, 16384)  # 512: the SAE's default width
 
 
-def tensor_op_sparsemax(x: torch.Tensor) -> torch.Tensor:
-    """Our sparsemax without the compiled CPU kernels: the path of CUDA and torch.compile."""
-    saved, kernels._ENABLED = kernels._ENABLED, False
-    try:
-        return sparsemax(x, -1)
-    finally:
-        kernels._ENABLED = saved
+def tensor_ops(fn: Callable) -> Callable:
+    """fn without the compiled kernels (numba on CPU, Triton on CUDA): the tensor-op path."""
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        saved = kernels._ENABLED, triton_kernels._ENABLED
+        kernels._ENABLED = triton_kernels._ENABLED = False
+        try:
+            return fn(x, -1)
+        finally:
+            kernels._ENABLED, triton_kernels._ENABLED = saved
+
+    return run
 
 
 def maps() -> dict[str, Callable]:
@@ -49,8 +55,9 @@ def maps() -> dict[str, Callable]:
     out: dict[str, Callable] = {
         "softmax": lambda x: torch.softmax(x, -1),
         "sparsemax": lambda x: sparsemax(x, -1),
-        "sparsemax(ops)": tensor_op_sparsemax,
+        "sparsemax(ops)": tensor_ops(sparsemax),
         "entmax15": lambda x: entmax15(x, -1),
+        "entmax15(ops)": tensor_ops(entmax15),
         "entmax_alpha(t)": lambda x: entmax_alpha(x, alpha.to(x.device), -1),
     }
     if entmax is not None:
@@ -95,7 +102,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--scale", type=float, default=1.0, help="std of the random scores")
     ap.add_argument("--budget", type=float, default=6.0, help="seconds per size and device")
-    ap.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    ap.add_argument("--sizes", "--width", type=int, nargs="*", default=list(SIZES),
+                    help="row widths d")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -54,6 +54,11 @@ the same exact threshold (Michelot's fixed point on the entries above max − 1)
 per-op overhead that dominates the tensor-op path on such rows. ``SAE_NO_KERNELS=1`` switches
 them off; the tests run every map on both paths.
 
+**Fused GPU kernels.** On CUDA, sparsemax and 1.5-entmax of float32/bfloat16/float16 rows of up
+to ``sae.triton_kernels.MAX_WIDTH`` entries run as one Triton kernel forward and one backward
+(:mod:`sae.triton_kernels`): the same exact thresholds and non-finite conventions, without the
+dozens of launches of the tensor-op path. ``SAE_NO_TRITON=1`` switches them off.
+
 **torch.compile.** Each map is registered as an opaque operator (``torch.library.custom_op``,
 with its backward), so compiled graphs call the same exact code and ``fullgraph=True`` holds.
 
@@ -70,7 +75,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sae import kernels
+from sae import kernels, triton_kernels
 
 __all__ = [
     "sparsemax",
@@ -382,6 +387,8 @@ def _grad_x(y: Tensor, g: Tensor, alpha: float | Tensor) -> Tensor:
     r"""Vector-Jacobian product on rows: with s = y^(2-alpha) on the support and 0 elsewhere,
     dx = s * g - s * <s, g> / sum(s); for sparsemax s is the support indicator, so
     dx = g - mean_S(g) on S and 0 elsewhere."""
+    if not isinstance(alpha, Tensor) and triton_kernels.available(y):  # CUDA rows: fused
+        return triton_kernels.backward(y, g, alpha)
     if isinstance(alpha, Tensor):
         s = torch.where(y > 0, y.pow(2 - alpha), 0.0)
     elif alpha == 2.0:
@@ -417,6 +424,9 @@ def _rows_forward(x: Tensor, alpha: float | Tensor):
     """The map of the rows of x: (output, (p, flat, good, alpha) for `_rows_backward`)."""
     rows, n = x.shape
     tensor_alpha = isinstance(alpha, Tensor)
+    if not tensor_alpha and triton_kernels.available(x):  # CUDA rows: one fused kernel
+        out = triton_kernels.forward(x, alpha)
+        return out, (out, None, None, alpha)
     part = _partial_maxima(x)
     m = (x if part is None else part).amax(-1, keepdim=True)
     # softmax's conventions: a NaN, a +inf, or no finite entry makes the row NaN; so does an
@@ -569,7 +579,9 @@ def _entmax(x: Tensor, alpha: float | Tensor, dim: int, groups: int, name: str) 
     tensor_alpha = isinstance(alpha, Tensor)
     fast = x.dim() == 2 and groups == 1 and dim in (-1, 1) and not tensor_alpha
     compiling = _is_compiling() and _entmax_op is not None
-    if fast and x.dtype in (torch.float32, torch.float64) and not compiling:
+    if fast and not compiling and (
+        x.dtype in (torch.float32, torch.float64) or triton_kernels.available(x)
+    ):
         return _EntmaxFunction.apply(x, alpha)  # the common case: rows as they are
     work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     xm = x.movedim(dim, -1).to(work)

@@ -9,12 +9,17 @@ row in compiled loops, with each row in cache:
   (1986) fixed point :math:`\tau \leftarrow (\sum_{x_j > \tau} x_j - 1) / |\{j : x_j > \tau\}|`
   from the bound :math:`\tau \ge \max x - 1`, each iteration one vectorised pass over the row
   in cache, until the support stops changing (exact: :math:`\tau` is then the threshold of its own
-  support; 4-8 passes on random rows), and one pass for :math:`[x - \tau]_+`. Rows are
-  shifted to max 0 first (``x - amax``) and summed in float64.
+  support; 4-8 passes on random rows), and one pass for :math:`[x - \tau]_+`. The first pass
+  also shifts the row to max 0 (``x - max``, in the input's precision) into the output row, which
+  the later passes read; sums are in float64.
 - **backward**: :math:`g - \operatorname{mean}_S(g)` on the support :math:`S`, 0 elsewhere.
 
 Non-finite rows follow ``torch.softmax`` as the tensor-op path does: a NaN or ``+inf`` entry, or
-no finite entry, gives a NaN row (and a NaN gradient row); ``-inf`` entries get 0.
+no finite entry, gives a NaN row (and a NaN gradient row); ``-inf`` entries get 0. The kernels
+find those rows themselves (from the bits of the row max, or of the output's first entry) and
+report how many they skipped, so that the usual all-finite call costs one torch op (the max)
+besides the kernel: at the SAE's size (256 x 512) each small torch op around the kernel costs
+a noticeable share of the call.
 
 The kernels run on one thread: splitting rows across threads of our own was slower, because
 PyTorch's OpenMP workers keep spinning on the other cores for a while after each torch op. They
@@ -29,6 +34,7 @@ import math
 import os
 import threading
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,33 +48,48 @@ _state: dict = {}  # the numba kernels, or None if numba is missing
 def _compile():
     try:
         import numba
-        import numpy as np
     except ImportError:
         return None
-    # "nnan" lets LLVM vectorise the masked sums (about 10x faster); NaN rows never reach the
-    # kernels (the caller finds them with torch.amax, which propagates NaN), and -inf entries
+    # "nnan" lets LLVM vectorise the masked sums (about 10x faster); NaN rows are skipped on
+    # integer tests of their bits (torch.amax propagates NaN to the row max), and -inf entries
     # are fine: nnan does not assume finite values.
     opts = {"nogil": True, "cache": True,
             "fastmath": {"reassoc", "contract", "nsz", "arcp", "nnan"}}
 
     @numba.njit(**opts)
-    def forward(c, good, out):  # pragma: no cover - compiled
-        rows, n = c.shape
+    def forward(x, m, m_bits, exp_mask, out):  # pragma: no cover - compiled
+        rows, n = x.shape
+        bad = 0
         for i in range(rows):
-            if not good[i]:
+            # A row is bad when its max (torch.amax: NaN if the row has a NaN) is not finite;
+            # tested on its bits, as nnan makes float tests for NaN meaningless.
+            if (m_bits[i] & exp_mask) == exp_mask:
+                bad += 1
                 continue
-            # Michelot (1986) on rows shifted to max 0, c = x - max (by the caller: reassoc
-            # would fold (x - max) - t into x - (max + t), which loses huge values), from the
-            # lower bound tau >= -1: each pass sets
-            # t = (sum_{y > t} y - 1) / #{y > t}, and the support shrinks until its size stops
-            # changing; t is then the threshold of its own support, exactly.
-            t = -1.0
-            k_prev = -1.0
-            for _ in range(n + 1):
+            # Michelot (1986) on the row shifted to max 0, from the lower bound t = -1: each
+            # pass sets t = (sum_{c > t} c - 1) / #{c > t}, and the support shrinks until its
+            # size stops changing; t is then the threshold of its own support, exactly. The
+            # shifted row c = x - max goes into the output row (in the input's precision, as on
+            # the tensor-op path) during the first pass, and later passes read it back: folding
+            # (x - max) - t into x - (max + t), which reassoc would allow, loses huge values.
+            c = out[i]
+            mi = m[i]
+            s = 0.0
+            k = 0.0
+            for j in range(n):
+                d = x[i, j] - mi
+                c[j] = d
+                y = np.float64(d)
+                on = y > -1.0
+                s += y if on else 0.0
+                k += 1.0 if on else 0.0
+            k_prev = k
+            t = (s - 1.0) / k
+            for _ in range(n):
                 s = 0.0
                 k = 0.0
                 for j in range(n):
-                    y = np.float64(c[i, j])
+                    y = np.float64(c[j])
                     on = y > t
                     s += y if on else 0.0
                     k += 1.0 if on else 0.0
@@ -77,13 +98,18 @@ def _compile():
                 k_prev = k
                 t = (s - 1.0) / k
             for j in range(n):
-                d = np.float64(c[i, j]) - t
-                out[i, j] = d if d > 0.0 else 0.0
+                d = np.float64(c[j]) - t
+                c[j] = d if d > 0.0 else 0.0
+        return bad
 
     @numba.njit(**opts)
-    def backward(y, g, out):  # pragma: no cover - compiled
+    def backward(y, y_bits, exp_mask, g, out):  # pragma: no cover - compiled
         rows, n = y.shape
+        bad = 0
         for i in range(rows):
+            if (y_bits[i, 0] & exp_mask) == exp_mask:  # a NaN output row (bad input row)
+                bad += 1
+                continue
             s = 0.0
             k = 0.0
             for j in range(n):
@@ -93,6 +119,7 @@ def _compile():
             mean = s / k if k > 0.0 else 0.0
             for j in range(n):
                 out[i, j] = g[i, j] - mean if y[i, j] > 0.0 else 0.0
+        return bad
 
     return forward, backward
 
@@ -112,17 +139,21 @@ def available(x: Tensor) -> bool:
             and 0 < x.shape[-1] <= MAX_WIDTH and _kernels() is not None)
 
 
+def _bits(x: Tensor) -> tuple:
+    """The bits of a float32/float64 tensor as a numpy integer array, and its exponent mask."""
+    if x.dtype == torch.float32:
+        return x.view(torch.int32).numpy(), np.int32(0x7F800000)
+    return x.view(torch.int64).numpy(), np.int64(0x7FF0000000000000)
+
+
 def sparsemax_forward(x: Tensor) -> Tensor:
     """Sparsemax of the rows of a contiguous CPU float [rows, n] tensor (see the module doc)."""
     forward, _ = _kernels()
     x = x.detach()
-    m = x.amax(-1, keepdim=True)  # NaN for a row with a NaN
-    good = torch.isfinite(m)  # no NaN, no +inf, some finite entry
-    c = x - m  # shifted to max 0, in the input's precision as on the tensor-op path
+    m = x.amax(-1)  # NaN for a row with a NaN
     out = torch.empty_like(x)
-    forward(c.numpy(), good.view(-1).numpy(), out.numpy())
-    if not bool(good.all()):
-        out.masked_fill_(~good, math.nan)
+    if forward(x.numpy(), m.numpy(), *_bits(m), out.numpy()):
+        out.masked_fill_(~torch.isfinite(m)[:, None], math.nan)  # the rows the kernel skipped
     return out
 
 
@@ -131,8 +162,6 @@ def sparsemax_backward(y: Tensor, g: Tensor) -> Tensor:
     _, backward = _kernels()
     y = y.detach()
     out = torch.empty_like(y)
-    backward(y.numpy(), g.detach().contiguous().numpy(), out.numpy())
-    bad = y[:, :1].isnan()  # the NaN rows of the output get NaN gradients
-    if bool(bad.any()):
-        out.masked_fill_(bad, math.nan)
+    if backward(y.numpy(), *_bits(y), g.detach().contiguous().numpy(), out.numpy()):
+        out.masked_fill_(y[:, :1].isnan(), math.nan)  # NaN output rows: NaN gradients
     return out
