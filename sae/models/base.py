@@ -268,8 +268,12 @@ class SparseAutoencoder(L.LightningModule):
                        "val/dead_fraction": (freq == 0).float().mean(),
                        "val/dense_fraction": (freq > 0.5).float().mean()})
 
+    def param_groups(self) -> list[dict]:
+        """The optimiser's parameter groups; a variant may give some parameters another lr."""
+        return [{"params": list(self.parameters())}]
+
     def configure_optimizers(self):
-        opt = torch.optim.Adam(self.parameters(), lr=self.config.lr)
+        opt = torch.optim.Adam(self.param_groups(), lr=self.config.lr)
         total = self.total_steps()
         warm = resolve_steps(self.config.lr_warmup, total)
         sched = torch.optim.lr_scheduler.LambdaLR(

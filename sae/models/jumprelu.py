@@ -27,6 +27,10 @@ class JumpReLUSAE(SparseAutoencoder):
 
     THETA0 = 1.0  # about 1 in 6 random-direction units active at the start
     PENALTY_SCALE = 8.0
+    # Adam moves log θ by about lr per step at most: at the base lr, 10 epochs move a threshold
+    # by a factor of e² at most, too little for λ to reach its balance, and L0 stayed near where
+    # the initial θ put it
+    THRESHOLD_LR_SCALE = 10.0
 
     def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
                  init_inputs=None):
@@ -34,6 +38,12 @@ class JumpReLUSAE(SparseAutoencoder):
         self.unit = math.sqrt(data_var / config.input_dim)
         self.log_threshold = nn.Parameter(
             torch.full((config.hidden,), math.log(self.THETA0 * self.unit)))
+
+    def param_groups(self) -> list[dict]:
+        rest = [p for name, p in self.named_parameters() if name != "log_threshold"]
+        return [{"params": rest},
+                {"params": [self.log_threshold],
+                 "lr": self.config.lr * self.THRESHOLD_LR_SCALE}]
 
     def thresholds(self) -> torch.Tensor:
         """θ [H]."""
