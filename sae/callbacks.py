@@ -172,13 +172,15 @@ def log_test_hparams(loggers, params: dict, result: dict) -> dict[str, float]:
         loggers: the run's loggers; only TensorBoard loggers are written (rank 0 calls this).
         params: the settings, one value per name (nested mappings are not expected).
         result: the final test metrics (metrics.json); its finite numbers become the
-            ``test/<name>`` metrics, the others are left out.
+            ``test/<name>`` metrics, except entries that are settings (names in ``params``:
+            metrics.json repeats λ, the seed, the width).
 
     Returns:
         The metrics logged, ``{"test/<name>": value}``.
     """
     metrics = {f"test/{k}": float(v) for k, v in result.items()
-               if isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v)}
+               if k not in params and isinstance(v, int | float) and not isinstance(v, bool)
+               and np.isfinite(v)}
     clean = {k: _hparam(v) for k, v in params.items()}
     for logger in loggers:
         if isinstance(logger, TensorBoardLogger):
