@@ -50,7 +50,7 @@ th, td { text-align: left; padding: 0.25rem 0.8rem; border-bottom: 1px solid #e6
          vertical-align: top; }
 th { background: #f4f4f4; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.note { color: #666; }
+td.note { color: #666; min-width: 14rem; }
 td.best { font-weight: 700; background: #e6f2e6; }
 figure { margin: 0.6rem 0 1.6rem 0; }
 img { max-width: 100%; height: auto; border: 1px solid #eee; }

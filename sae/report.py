@@ -324,7 +324,7 @@ def _config_section(config: dict[str, object], problem: str | None):
 
 def _split_metrics(metrics: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
     """metrics.json as (run facts, measured metrics)."""
-    facts = {k: v for k, v in metrics.items() if k in _RUN_FACTS}
+    facts = {k: metrics[k] for k in _RUN_FACTS if k in metrics}  # in the order of _RUN_FACTS
     return facts, {k: v for k, v in metrics.items() if k not in _RUN_FACTS}
 
 

@@ -297,7 +297,8 @@ def verdict_display(judged: pd.DataFrame, dataset: str) -> pd.DataFrame:
         metric = row["metric"]
         margin = "–"
         if _finite(row["margin"]):
-            margin = format_criterion(metric, row["margin"])
+            # a difference of percentages is in points
+            margin = format_criterion(metric, row["margin"]).replace(" %", " points")
             if row["clear"] is True or row["clear"] is False:
                 margin += " (beyond seed std)" if row["clear"] else " (within seed std)"
         rows.append({
