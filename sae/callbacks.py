@@ -3,6 +3,9 @@
 Statistics are gathered on the device during validation from the tensors that
 ``SparseAutoencoder.validation_step`` returns (no host synchronisation in the training step),
 summed / gathered across DDP ranks at the end of the validation epoch, and plotted on rank 0 only.
+Every validation epoch also sends two cheap histograms of those statistics to TensorBoard
+(per-input L0, log10 firing frequency of the live units); :func:`log_test_hparams` records a
+run's settings with its final test metrics for TensorBoard's HParams view.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from sae import figures
 from sae import io as sae_io
+from sae.config import FIXED_BUDGET
 
 
 def write_png(rgb: np.ndarray, path: Path) -> None:
@@ -42,6 +46,7 @@ class FigureCallback(L.Callback):
         self.n_atoms, self.n_examples = n_atoms, n_examples
         self.stats: dict | None = None  # last validation's statistics (rank 0, numpy)
         self.rendered_epochs: set[int] = set()
+        self.label = ""  # run_label of the run, known from the first validation
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         C, H = len(self.class_names), pl_module.config.hidden
@@ -65,6 +70,7 @@ class FigureCallback(L.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not self._l0:
             return
+        self.label = run_label(pl_module.config, getattr(trainer.datamodule, "dataset", None))
         strategy = trainer.strategy
         class_fires = strategy.reduce(self._class_fires, reduce_op="sum")
         class_count = strategy.reduce(self._class_count, reduce_op="sum")
@@ -84,9 +90,21 @@ class FigureCallback(L.Callback):
             "x_hat": self._examples[1].float().cpu().numpy(),
             "atoms": pl_module.atoms().float().cpu().numpy(),
         }
+        self._histograms(trainer)
         epoch = trainer.current_epoch
         if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0:
             self.render(trainer)
+
+    def _histograms(self, trainer) -> None:
+        """Per-input L0 and log10 firing frequency of the live units, to TensorBoard."""
+        s = self.stats
+        freq = s["freq"]
+        for tb in _tensorboards(trainer):
+            tb.experiment.add_histogram("val/l0_per_input", s["l0"], global_step=s["step"])
+            live = freq[freq > 0]
+            if live.size:
+                tb.experiment.add_histogram("val/log10_firing_frequency", np.log10(live),
+                                            global_step=s["step"])
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero and self.stats is not None:
@@ -94,20 +112,28 @@ class FigureCallback(L.Callback):
                 self.render(trainer)
 
     def render(self, trainer) -> list[Path]:
-        """Plot the last statistics; write PNGs and send them to TensorBoard."""
+        """Plot the last statistics; write PNGs and send them to TensorBoard.
+
+        Every figure's title starts with the run's dataset, model and sparsity setting
+        (:func:`run_label`), so a PNG shown alone (the gallery) says what it is.
+        """
         s = self.stats
+        n_shown = len(s["x"])
         made = {
             "decoder_atoms": figures.decoder_atoms(s["atoms"], s["freq"], n=self.n_atoms),
-            "reconstructions": figures.reconstructions(s["x"], s["x_hat"]),
+            "reconstructions": figures.reconstructions(
+                s["x"], s["x_hat"], source=f"the first {n_shown} validation inputs"),
             "sparsity_histogram": figures.sparsity_histogram(s["l0"], s["labels"],
                                                              self.class_names),
-            "activation_frequency": figures.activation_frequency_grid(s["freq"]),
+            "activation_frequency": figures.activation_frequency_curve(s["freq"]),
             "class_unit_heatmap": figures.class_unit_heatmap(s["class_freq"], self.class_names),
             "feature_density": figures.feature_density_histogram(s["freq"]),
         }
-        tensorboards = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        tensorboards = _tensorboards(trainer)
         paths = []
         for kind, fig in made.items():
+            if self.label:
+                fig.suptitle(f"{self.label}\n{fig.get_suptitle()}")
             path = self.out_dir / kind / f"epoch_{s['epoch']}.png"
             rgb = figures.figure_to_rgb(fig)  # draw once, for the PNG and for TensorBoard
             fig.clear()
@@ -118,3 +144,46 @@ class FigureCallback(L.Callback):
         self.rendered_epochs.add(s["epoch"])
         return paths
 
+
+
+def _tensorboards(trainer) -> list[TensorBoardLogger]:
+    return [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+
+
+def run_label(config, dataset: str | None = None) -> str:
+    """'mnist · sparsemax λ=0.01 · 512 units': what a run's figure shows, for its title."""
+    setting = f"k={config.k}" if config.model in FIXED_BUDGET else f"λ={config.lam:g}"
+    parts = [dataset, f"{config.model} {setting}", f"{config.hidden} units"]
+    return " · ".join(p for p in parts if p)
+
+
+def _hparam(value: object) -> object:
+    """A setting as TensorBoard's HParams view takes it: numbers, text and booleans as they
+    are, anything else (None, lists, paths) as text."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def log_test_hparams(loggers, params: dict, result: dict) -> dict[str, float]:
+    """Record a run's settings with its final test metrics for TensorBoard's HParams view.
+
+    Args:
+        loggers: the run's loggers; only TensorBoard loggers are written (rank 0 calls this).
+        params: the settings, one value per name (nested mappings are not expected).
+        result: the final test metrics (metrics.json); its finite numbers become the
+            ``test/<name>`` metrics, except entries that are settings (names in ``params``:
+            metrics.json repeats λ, the seed, the width).
+
+    Returns:
+        The metrics logged, ``{"test/<name>": value}``.
+    """
+    metrics = {f"test/{k}": float(v) for k, v in result.items()
+               if k not in params and isinstance(v, int | float) and not isinstance(v, bool)
+               and np.isfinite(v)}
+    clean = {k: _hparam(v) for k, v in params.items()}
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.log_hyperparams(clean, metrics)
+            logger.experiment.flush()
+    return metrics

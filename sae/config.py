@@ -186,7 +186,8 @@ class DataConfig:
 class OutputConfig:
     """What a run writes besides its checkpoints and metrics."""
 
-    figure_every: int = setting(0, "render figures every N epochs (0: only at the end)", low=0)
+    figure_every: int = setting(5, "render figures every N epochs and at the end (0: only at "
+                                "the end)", low=0)
     no_figures: bool = setting(False, "write no figures")
     no_report: bool = setting(False, "write no report.html")
     no_features: bool = setting(False, "write no features.html (the feature browser; its t-SNE "

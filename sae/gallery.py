@@ -1,8 +1,11 @@
 """python -m sae.gallery: the curated figure gallery of figures/gallery/.
 
 Trains (or reuses) one default run per dataset × model through ``python -m sae.run`` and copies
-its final decoder atoms, activation-frequency grid, class × unit heatmap and sparsity histogram
+its final decoder atoms, sorted firing frequencies, class × unit heatmap and sparsity histogram
 into ``--out``, with a README.md table of the runs' test metrics and the command that made it.
+Every figure names its dataset, model and λ in its title (the figure callback writes them), and
+the firing-frequency figures share one fixed log axis, so the same height means the same
+frequency side by side.
 
     python -m sae.gallery --out figures/gallery --runs runs/gallery
 """
@@ -80,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         "fvu at L0: the reconstruction from only the units counted in L0. It equals fvu except "
         "for the KL-SAE, whose sigmoid units below the firing threshold (0.1) still add to the "
         "reconstruction.", "",
-        "Files: `<dataset>-<model>-<kind>.png` for kind in " + ", ".join(KINDS) + ".", ""]
+        "Files: `<dataset>-<model>-<kind>.png` for kind in " + ", ".join(KINDS) + ". Each "
+        "image's title names its dataset, model and λ; the activation_frequency figures share "
+        "one fixed log scale (10⁻⁴ to 1), so they compare side by side.", ""]
     write_text(out / "README.md", "\n".join(lines))
     print(f"gallery written to {out}")
     return 0

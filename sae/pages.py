@@ -3,7 +3,11 @@
 
 A page is self-contained: the CSS (:data:`PAGE_CSS`) is inline and images are inline PNG
 ``data:`` URIs (:func:`inline_png`), with no scripts and no external references, so it opens
-anywhere, offline, and can be mailed or archived alone. :func:`render_page` owns the skeleton
+anywhere, offline, and can be mailed or archived alone. It works on a phone: every table scrolls
+sideways inside its own box rather than widening the page, and a tap on a figure opens it at
+full size (a CSS-only toggle, :func:`figure`; tap again to close). Figures are embedded as
+palette PNGs where that keeps them faithful (:func:`sae.figures.common.palette_png`), which
+roughly halves a page's weight. :func:`render_page` owns the skeleton
 (title, subtitle, introduction, a navigation bar and one ``<h2>`` section per :class:`Section`);
 :func:`table`, :func:`figure`, :func:`missing`, :func:`code_block` and :func:`fragment` build the
 pieces that go into a section.
@@ -20,14 +24,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import jinja2
 from markupsafe import Markup
 
 __all__ = ["PAGE_CSS", "Section", "code_block", "figure", "fragment", "inline_png",
-           "join", "missing", "render_page", "table", "timestamp"]
+           "join", "link", "missing", "render_page", "table", "timestamp"]
 
 PAGE_CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
@@ -36,15 +40,26 @@ h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
 h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
 h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
 .sub { color: #666; margin-top: 0; }
+body { overflow-wrap: anywhere; }
 nav a { margin-right: 1rem; color: #2a5db0; }
-table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; }
+a { color: #2a5db0; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.6rem 0; }
+.scroll table { margin: 0; }
+table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; overflow-wrap: normal; }
 th, td { text-align: left; padding: 0.25rem 0.8rem; border-bottom: 1px solid #e6e6e6;
          vertical-align: top; }
 th { background: #f4f4f4; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.note { color: #666; }
+td.note { color: #666; min-width: 14rem; }
+td.best { font-weight: 700; background: #e6f2e6; }
 figure { margin: 0.6rem 0 1.6rem 0; }
 img { max-width: 100%; height: auto; border: 1px solid #eee; }
+.zoom { display: block; cursor: zoom-in; }
+.zoom input { display: none; }
+.zoom input:checked + span { position: fixed; inset: 0; z-index: 10; overflow: auto;
+                             background: #fff; cursor: zoom-out; }
+.zoom input:checked + span img { max-width: none; }
+pre { overflow-x: auto; }
 figcaption { color: #555; font-size: 0.9rem; }
 .missing { background: #fff6e5; border-left: 4px solid #f0a020; padding: 0.5rem 0.8rem; }
 code { background: #f4f4f4; padding: 0 0.2rem; }
@@ -79,10 +94,10 @@ _PAGE = _ENV.from_string("""\
 """)
 
 _TABLE = _ENV.from_string(
-    "<table><tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>"
+    '<div class="scroll"><table><tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'
     "{% for row in rows %}<tr>{% for cls, text in row %}"
     '<td{% if cls %} class="{{ cls }}"{% endif %}>{{ text }}</td>'
-    "{% endfor %}</tr>{% endfor %}</table>")
+    "{% endfor %}</tr>{% endfor %}</table></div>")
 
 
 @dataclass(frozen=True)
@@ -126,17 +141,28 @@ def join(parts: Iterable[str | Markup]) -> Markup:
 
 
 def table(head: Sequence[object], rows: Iterable[Sequence[object]],
-          cell_class: Callable[[int, str], str | None] | None = None) -> Markup:
-    """An HTML ``<table>``: a header row, then one row per item of ``rows``.
+          cell_class: Callable[[int, str], str | None] | None = None,
+          best: Collection[tuple[int, int]] = ()) -> Markup:
+    """An HTML ``<table>``: a header row, then one row per item of ``rows``, in a box that
+    scrolls sideways when the table is wider than the page (a phone).
 
     Cells are shown as ``str(value)``, escaped; ``cell_class(column, text)`` gives a cell its CSS
-    class (``"num"`` for numbers, ``"note"`` for grey notes) or None.
+    class (``"num"`` for numbers, ``"note"`` for grey notes) or None; the cells ``(row,
+    column)`` of ``best`` (positions counted from 0, header excluded) are also marked ``best``
+    (bold, shaded).
     """
-    def cells(row: Sequence[object]) -> list[tuple[str | None, str]]:
-        texts = [str(v) for v in row]
-        return [(cell_class(i, t) if cell_class else None, t) for i, t in enumerate(texts)]
+    marked = set(best)
 
-    return Markup(_TABLE.render(head=[str(h) for h in head], rows=[cells(r) for r in rows]))
+    def cells(r: int, row: Sequence[object]) -> list[tuple[str | None, str]]:
+        out = []
+        for i, text in enumerate(str(v) for v in row):
+            classes = [cell_class(i, text) if cell_class else None,
+                       "best" if (r, i) in marked else None]
+            out.append((" ".join(c for c in classes if c) or None, text))
+        return out
+
+    return Markup(_TABLE.render(head=[str(h) for h in head],
+                                rows=[cells(r, row) for r, row in enumerate(rows)]))
 
 
 def inline_png(png: bytes, alt: str) -> Markup:
@@ -146,9 +172,23 @@ def inline_png(png: bytes, alt: str) -> Markup:
 
 
 def figure(png: bytes, alt: str, caption: str | Markup) -> Markup:
-    """An inline PNG with its caption."""
-    return fragment("<figure>{}<figcaption>{}</figcaption></figure>", inline_png(png, alt),
-                    caption)
+    """An inline PNG with its caption; a tap (click) shows it at full size, another closes it.
+
+    The toggle is a hidden checkbox in the image's label, so it needs no script and the image is
+    embedded once. The PNG is embedded as a palette PNG where that keeps it faithful.
+    """
+    from sae.figures.common import palette_png
+
+    return fragment('<figure><label class="zoom" title="tap: full size"><input type="checkbox">'
+                    "<span>{}</span></label><figcaption>{}</figcaption></figure>",
+                    inline_png(palette_png(png), alt), caption)
+
+
+def link(href: str, text: str) -> Markup:
+    """A link to a file beside the page (a relative path, never an external address)."""
+    if "://" in href or href.startswith(("//", "/")):
+        raise ValueError(f"pages link only to files beside them: {href}")
+    return fragment('<a href="{}">{}</a>', href, text)
 
 
 def missing(text: str) -> Markup:

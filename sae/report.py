@@ -30,8 +30,8 @@ import yaml
 from sae import pages
 from sae.io import write_text
 
-__all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "latest_figures",
-           "main", "render_report", "write_report"]
+__all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
+           "latest_figures", "main", "relevant_settings", "render_report", "write_report"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -59,7 +59,9 @@ _KIND_TEXT = {
     ),
     "reconstructions": (
         "Reconstructions",
-        "Inputs above their reconstructions, on a shared grey scale, with each pair's MSE.",
+        "The first 16 inputs of the validation set above their reconstructions, with each "
+        "pair's MSE; grey scale 0 (white) to 1 (black), the pixels' range, outputs clipped to "
+        "it for display.",
     ),
     "sparsity_histogram": (
         "Sparsity histogram",
@@ -67,11 +69,16 @@ _KIND_TEXT = {
     ),
     "activation_frequency": (
         "Unit firing frequency",
-        "Fraction of inputs on which each unit fires, one cell per unit; dead units in red.",
+        "Fraction of inputs on which each unit fires, busiest unit first, on a fixed log scale "
+        "(10⁻⁴ to 1, the same in every run); dead units in red on the floor, the dense "
+        "threshold dashed.",
     ),
     "class_unit_heatmap": (
         "Firing frequency per class",
-        "How often each of the most frequent units fires within each class.",
+        "How often each of the most frequent units fires within each class; units grouped by "
+        "the class they fire for most, most selective first; the strip above shows each "
+        "unit's selectivity (1 − entropy of its class distribution / log of the number of "
+        "classes: 1 = one class only).",
     ),
     "feature_density": (
         "Feature density",
@@ -79,21 +86,62 @@ _KIND_TEXT = {
     ),
 }
 
-# Metric name (last path component, so "test/fvu" matches too) -> definition shown in the table.
+# Metric name (last path component, so "test/fvu" matches too) -> definition shown in the table
+# (the README's "Metrics" table).
 _METRIC_NOTES = {
     "mse": "mean over pixels and samples of (x − x̂)²",
-    "fvu": "fraction of variance unexplained: Σ‖x − x̂‖² / Σ‖x − x̄‖² (0 = perfect, 1 = mean image)",
+    "fvu": "fraction of variance unexplained: Σ‖x − x̂‖² / Σ‖x − x̄‖², x̄ the training mean "
+           "image (0 = perfect, 1 = predicting x̄)",
     "explained_variance": "1 − fvu",
-    "l0_mean": "mean number of active units per input",
-    "l0_std": "standard deviation of active units per input",
-    "dead_fraction": "share of units that never fire on the evaluation set",
-    "dense_fraction": "share of units firing on more than 50 % of inputs",
-    "recon_bias": "Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩ (1 = unbiased, c = shrunk by c towards the mean)",
-    "support_fvu": "fvu of the least-squares code on each input's own support (2 000 test inputs)",
-    "adaptive_gain": "support fvu with round(mean L0) units per input minus with its own L0",
-    "adaptivity": "Spearman correlation of an input's L0 with its residual after top-m PCA",
+    "fvu_at_l0": "fvu of the reconstruction from only the units counted in L0 (equals fvu for "
+                 "codes with exact zeros; larger for sigmoid codes, whose units below the "
+                 "firing threshold still reconstruct)",
+    "recon_bias": "Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩, the relative reconstruction bias (1 = "
+                  "unbiased; c for reconstructions shrunk by c towards the mean)",
+    "l0_mean": "mean number of active units per input (h_j > 0; sigmoid codes: h_j above the "
+               "firing threshold)",
+    "l0_std": "population standard deviation of the active units per input",
+    "dead_fraction": "share of units that fire on no test input",
+    "dense_fraction": "share of units firing on more than 50 % of test inputs",
+    "n_samples": "test inputs these metrics are computed on",
+    "n_units": "code units H",
+    "support_fvu": "fvu of the least-squares code on each input's own support: the best any "
+                   "code with those supports could do with this decoder (on n_inputs evenly "
+                   "spaced test inputs)",
+    "support_fvu_const": "support_fvu with a constant budget of round(mean L0) units per input "
+                         "(each input keeps its highest-scoring units)",
+    "adaptive_gain": "support_fvu_const − support_fvu: positive when letting L0 vary per input "
+                     "pays (exactly 0 for TopK)",
+    "adaptivity": "Spearman correlation over test inputs between an input's L0 and its "
+                  "difficulty (energy left after projecting onto the top-m principal "
+                  "components, m = adaptivity_m)",
+    "adaptivity_m": "m = round(mean L0): the principal components adaptivity projects onto",
+    "n_inputs": "test inputs used for support_fvu, adaptive_gain and adaptivity",
     "probe_accuracy": "linear probe on the codes, test-set accuracy",
+    "alpha": "entmax α at the end of training",
     "wall_time_s": "training wall-clock time in seconds",
+}
+
+# metrics.json entries that describe the run rather than measure it: shown as "Run", apart
+# from the metrics (name -> label)
+_RUN_FACTS = {"model": "model", "dataset": "dataset", "lam": "λ", "seed": "seed",
+              "hidden": "code units", "fire_threshold": "firing threshold", "steps": "steps",
+              "epochs": "epochs"}
+
+# config settings that matter only for some models (config.yaml key -> models); a setting of
+# another model is hidden from the short config table (the full one is one click away)
+_FIXED_BUDGET = ("topk", "batchtopk")
+_ONLY_FOR = {
+    "lambda": ("l1", "kl", "sparsemax", "entmax", "jumprelu"),
+    "k": _FIXED_BUDGET,
+    "aux_k": _FIXED_BUDGET,
+    "rho": ("kl",),
+    "kl_threshold": ("kl",),
+    "alpha": ("entmax",),
+    "alpha_mode": ("entmax",),
+    "values": ("sparsemax",),
+    "groups": ("sparsemax", "entmax"),
+    "jumprelu_bandwidth": ("jumprelu",),
 }
 
 _EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
@@ -236,11 +284,48 @@ def _config_value(value: object) -> str:
 # --------------------------------------------------------------------------- page sections
 
 
+def relevant_settings(config: dict[str, object]) -> dict[str, object]:
+    """The settings of ``config`` that matter for its model: another model's settings (rho
+    for a non-KL run, alpha for a non-entmax run, k for a λ model, ...) and mlp_width for a
+    linear run are left out."""
+    model = config.get("model")
+    keep = {}
+    for key, value in config.items():
+        models = _ONLY_FOR.get(key)
+        if models is not None and model in _ONLY_FOR["lambda"] + _FIXED_BUDGET \
+                and model not in models:
+            continue
+        if key == "mlp_width" and config.get("arch", "linear") != "mlp":
+            continue
+        keep[key] = value
+    return keep
+
+
+def _config_table(config: dict[str, object]):
+    return pages.table(["setting", "value"], [(k, _config_value(v)) for k, v in config.items()],
+                       cell_class=lambda column, _: "num" if column == 1 else None)
+
+
 def _config_section(config: dict[str, object], problem: str | None):
     if problem:
         return pages.missing(problem)
-    return pages.table(["setting", "value"], [(k, _config_value(v)) for k, v in config.items()],
-                       cell_class=lambda column, _: "num" if column == 1 else None)
+    short = relevant_settings(config)
+    hidden = len(config) - len(short)
+    note = pages.fragment('<p class="sub">{}</p>',
+                          f"The settings that matter for this model ({hidden} of another "
+                          "model's hidden; all of them below)." if hidden else
+                          "Every setting of the run.")
+    body = [note, _config_table(short)]
+    if hidden:
+        body.append(pages.fragment("<details><summary>{}</summary>{}</details>",
+                                   f"Show all {len(config)} settings", _config_table(config)))
+    return pages.join(body)
+
+
+def _split_metrics(metrics: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+    """metrics.json as (run facts, measured metrics)."""
+    facts = {k: metrics[k] for k in _RUN_FACTS if k in metrics}  # in the order of _RUN_FACTS
+    return facts, {k: v for k, v in metrics.items() if k not in _RUN_FACTS}
 
 
 def _metrics_section(metrics: dict[str, object], problem: str | None):
@@ -248,10 +333,46 @@ def _metrics_section(metrics: dict[str, object], problem: str | None):
         return pages.missing(problem)
     if not metrics:
         return pages.missing("metrics.json holds no metrics.")
-    rows = [(name, format_metric(name, value), _METRIC_NOTES.get(name.rsplit("/", 1)[-1], ""))
-            for name, value in metrics.items()]
-    return pages.table(["metric", "value", "definition"], rows,
-                       cell_class=lambda column, _: (None, "num", "note")[column])
+    facts, measured = _split_metrics(metrics)
+    n = measured.get("n_samples")
+    where = (f"On the test set (n = {format_value(n)} images), after training."
+             if isinstance(n, int | float) else "On the test set, after training.")
+    parts = [pages.fragment('<p class="sub">{}</p>', where)]
+    if facts:
+        parts += [pages.fragment("<h3>{}</h3>", "Run"),
+                  pages.table(["setting", "value"],
+                              [(_RUN_FACTS[k], format_value(v)) for k, v in facts.items()],
+                              cell_class=lambda column, _: "num" if column == 1 else None)]
+    if measured:
+        rows = [(name, format_metric(name, value),
+                 _METRIC_NOTES.get(name.rsplit("/", 1)[-1], ""))
+                for name, value in measured.items()]
+        parts += [pages.fragment("<h3>{}</h3>", "Metrics"),
+                  pages.table(["metric", "value", "definition"], rows,
+                              cell_class=lambda column, _: (None, "num", "note")[column])]
+    return pages.join(parts)
+
+
+def headline(metrics: dict[str, object]) -> str | None:
+    """'FVU 0.2615 (at L0: 0.4569) · L0 52.5 ± 6.3 per input · 0.0 % dead units': the line a
+    reader wants first; None without those metrics."""
+    def number(key: str) -> float | None:
+        value = metrics.get(key)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok and math.isfinite(value) else None
+
+    fvu, at_l0, l0, l0_std, dead = (number(k) for k in ("fvu", "fvu_at_l0", "l0_mean",
+                                                        "l0_std", "dead_fraction"))
+    parts = []
+    if fvu is not None:
+        extra = f" (at L0: {at_l0:.4f})" if at_l0 is not None and abs(at_l0 - fvu) > 1e-6 else ""
+        parts.append(f"FVU {fvu:.4f}{extra}")
+    if l0 is not None:
+        parts.append(f"L0 {l0:.1f}" + (f" ± {l0_std:.1f}" if l0_std is not None else "")
+                     + " active units per input")
+    if dead is not None:
+        parts.append(f"{100 * dead:.1f} % dead units")
+    return " · ".join(parts) + " (test set)" if parts else None
 
 
 def _curves_section(run_dir: Path):
@@ -277,11 +398,16 @@ def _curves_section(run_dir: Path):
     return pages.figure(png, "training curves", caption)
 
 
-def _figures_section(run_dir: Path):
+def _figures_section(run_dir: Path, config: dict[str, object]):
     latest = latest_figures(run_dir)
     if not latest:
         return pages.missing("No figures yet: figures/<kind>/epoch_<E>.png holds nothing.")
-    parts = []
+    val = config.get("val_size")
+    n = f" (n = {format_value(val)} images)" if isinstance(val, int) else ""
+    parts = [pages.fragment('<p class="sub">{}</p>',
+                            f"Drawn during training from the validation set{n}, a part of "
+                            "the training split held out; the metrics above are on the test "
+                            "set. The code embedding is of test inputs.")]
     for kind, epoch, path in latest:
         heading, caption = _KIND_TEXT.get(kind, (kind.replace("_", " ").capitalize(), ""))
         try:
@@ -317,9 +443,11 @@ def render_report(run_dir: Path) -> str:
     subtitle = " on ".join(part for part in (model, dataset) if part) or "model not recorded"
     status = ("complete: final test metrics present" if not metrics_problem
               else "no final test metrics (interrupted or still training)")
+    line = headline(metrics) if not metrics_problem else None
     return pages.render_page(
         title=f"{name}: {subtitle}", heading=name,
         subtitle=f"{subtitle} · run {status} · report generated {pages.timestamp()}",
+        intro=[pages.fragment('<strong class="headline">{}</strong>', line)] if line else [],
         sections=[
             pages.Section("metrics", "Final test metrics",
                           _metrics_section(metrics, metrics_problem), nav="Final metrics"),
@@ -330,7 +458,7 @@ def render_report(run_dir: Path) -> str:
               if (run_dir / "features.html").is_file() else []),
             pages.Section("curves", "Training curves", _curves_section(run_dir)),
             pages.Section("figures", "Figures (latest epoch of each kind)",
-                          _figures_section(run_dir), nav="Figures"),
+                          _figures_section(run_dir, config), nav="Figures"),
             pages.Section("config", "Config", _config_section(config, config_problem)),
         ])
 

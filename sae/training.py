@@ -192,6 +192,10 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     if config.model == "entmax":
         result["alpha"] = float(model.current_alpha())
     write_json(out / "metrics.json", result)
+    from sae.callbacks import log_test_hparams
+
+    log_test_hparams(loggers, {**asdict(config), **{k: getattr(args, k) for k in (
+        "dataset", "seed", "epochs", "max_steps", "batch_size")}}, result)
     if not args.no_features:
         from sae.features import build_features
 

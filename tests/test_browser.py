@@ -174,3 +174,100 @@ def test_features_page_fits_a_narrow_window(driver, run):
         assert box[1] <= 400  # the index scrolls inside its own box
     finally:
         driver.set_window_size(1280, 1000)
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory) -> Path:
+    """comparison.html of a small constructed sweep (two datasets' results, no training), with
+    a run folder that has a report, so the page links to it."""
+    from sae import figures
+    from sae.sweep import render, spec, tables
+
+    root = tmp_path_factory.mktemp("comparison")
+    sweep_file = root / "small.yaml"
+    sweep_file.write_text("datasets: [mnist]\nseeds: [0, 1]\ncommon: {hidden: 32}\n"
+                          "models:\n  kl: {lambda: [0.1]}\n  sparsemax: {lambda: [0.01, 0.03]}\n"
+                          "  topk: {k: [16, 32]}\n")
+    sweep = spec.load_sweep(sweep_file)
+    rows = []
+    for model, kind, param, value, fvu, l0 in [
+            ("kl", "kl", "lambda", 0.1, 0.04, 14.0), ("sparsemax", "sparsemax", "lambda", 0.03,
+                                                      0.20, 15.0),
+            ("sparsemax", "sparsemax", "lambda", 0.01, 0.13, 34.0),
+            ("topk", "topk", "k", 16, 0.17, 16.0), ("topk", "topk", "k", 32, 0.11, 32.0)]:
+        for seed in (0, 1):
+            rows.append({"dataset": "mnist", "model": model, "kind": kind, "param": param,
+                         "value": value, "seed": seed, "fvu": fvu + 0.001 * seed,
+                         "fvu_at_l0": (0.6 if kind == "kl" else fvu) + 0.001 * seed,
+                         "l0_mean": l0, "l0_std": 5.0, "dead_fraction": 0.01 * seed,
+                         "probe_accuracy": 0.95 + fvu / 10, "mse": fvu / 15,
+                         "recon_bias": 0.97, "support_fvu": fvu * 0.8, "adaptive_gain": 0.004,
+                         "adaptivity": 0.3, "wall_time_s": 60.0,
+                         "run": f"runs/mnist/{model}/{param}{value}/seed{seed}"})
+    results = tables.results_frame(rows)
+    run = root / results.loc[0, "run"]
+    run.mkdir(parents=True)
+    (run / "report.html").write_text("<!DOCTYPE html><title>run</title>")
+    summary = tables.summarize_seeds(results)
+    pngs = {"fvu_vs_l0.png": figures.figure_to_png_bytes(figures.fvu_l0_pareto(summary))}
+    links = render.related_links(root, sweep.datasets, results)
+    page = root / "comparison.html"
+    page.write_text(render.comparison_html(sweep, summary, tables.match_kl(summary),
+                                           {"mnist": 0.926}, pngs, 10, len(results), links),
+                    encoding="utf-8")
+    return page
+
+
+def overflow_at(driver, page: Path, width: int = 400) -> int:
+    """How far the page reaches past the right edge of a ``width``-pixel window."""
+    driver.set_window_size(width, 900)
+    open_page(driver, page)
+    return driver.execute_script("return document.documentElement.scrollWidth") - width
+
+
+@pytest.mark.parametrize("which", ["report", "comparison"])
+def test_report_and_comparison_fit_a_400_px_window(driver, run, comparison, which):
+    page = run / "report.html" if which == "report" else comparison
+    try:
+        assert overflow_at(driver, page) <= 4  # a few pixels of rounding
+        boxes = driver.execute_script(
+            "return Array.from(document.querySelectorAll('table'),"
+            " t => [t.parentElement.className, t.parentElement.clientWidth]);")
+        assert boxes and all(cls == "scroll" and w <= 400 for cls, w in boxes)
+        assert severe_messages(driver) == []
+    finally:
+        driver.set_window_size(1280, 1000)
+
+
+def test_a_tap_opens_a_figure_at_full_size_and_another_closes_it(driver, comparison):
+    from selenium.webdriver.common.by import By
+
+    driver.set_window_size(400, 900)
+    try:
+        open_page(driver, comparison)
+        img = driver.find_element(By.CSS_SELECTOR, "figure img")
+        frame = "return getComputedStyle(document.querySelector('.zoom span')).position"
+        assert driver.execute_script(frame) == "static"
+        assert img.size["width"] <= 400
+        img.click()
+        assert driver.execute_script(frame) == "fixed"
+        natural = driver.execute_script("return arguments[0].naturalWidth", img)
+        assert natural > 400  # the figure is wider than the window ...
+        assert abs(img.size["width"] - natural) <= 2  # ... and shown at full size (+ border)
+        img.click()
+        assert driver.execute_script(frame) == "static"
+    finally:
+        driver.set_window_size(1280, 1000)
+
+
+def test_comparison_marks_the_best_cells_and_links_the_run_reports(driver, comparison):
+    open_page(driver, comparison)
+    best = driver.execute_script(
+        "return Array.from(document.querySelectorAll('td.best'), td => td.textContent);")
+    # topk has the lowest FVU at L0 in both bands; the KL-SAE (no exact zeros) is left out
+    assert {"0.1705 ± 0.0007", "0.1105 ± 0.0007"} <= set(best)
+    assert "0.6005 ± 0.0007" not in best
+    hrefs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('a[href]'), a => a.getAttribute('href'))"
+        ".filter(h => !h.startsWith('#'));")
+    assert hrefs == ["runs/mnist/kl/lambda0.1/seed0/report.html"]

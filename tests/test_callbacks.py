@@ -41,3 +41,60 @@ def test_no_figures_before_the_end_by_default(mnist_small, tmp_path):
                         enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=mnist_small)
     assert sorted(p.name for p in (tmp_path / "decoder_atoms").iterdir()) == ["epoch_1.png"]
+
+
+def event_files(folder) -> list:
+    return sorted(str(p) for p in folder.rglob("events.out.tfevents.*"))
+
+
+def test_tensorboard_histograms_every_validation_and_test_metrics_as_hparams(mnist_small,
+                                                                           tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_accumulator import (
+        EventAccumulator as PluginEvents,
+    )
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    from sae.callbacks import log_test_hparams, run_label
+
+    config = SAEConfig(model="l1", hidden=16)
+    model = build_model(config, mnist_small.train_mean, 50.0)
+    callback = FigureCallback(tmp_path / "figures", every_n_epochs=0,
+                              class_names=mnist_small.class_names, n_atoms=4)
+    tb = TensorBoardLogger(tmp_path, name="tb", version="", default_hp_metric=False)
+    trainer = L.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=2,
+                        accelerator="cpu", devices=1, logger=[tb], callbacks=[callback],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=mnist_small)
+    assert callback.label == run_label(config, "mnist") == "mnist · l1 λ=0.01 · 16 units"
+    logged = log_test_hparams([tb], {"model": "l1", "lam": 0.01, "max_steps": None},
+                              {"fvu": 0.25, "l0_mean": 7.0, "model": "l1", "adaptivity": None,
+                               "ok": True, "lam": 0.01, "support_fvu": float("nan")})
+    assert logged == {"test/fvu": 0.25, "test/l0_mean": 7.0}  # finite numbers, no settings
+
+    histograms, hparams, scalars = {}, [], set()
+    for path in event_files(tmp_path / "tb"):
+        events = EventAccumulator(path, size_guidance={"histograms": 0, "tensors": 0})
+        events.Reload()
+        for tag in events.Tags()["histograms"]:
+            histograms[tag] = histograms.get(tag, []) + events.Histograms(tag)
+        scalars |= set(events.Tags()["scalars"])
+        plugin = PluginEvents(path)
+        plugin.Reload()
+        content = (plugin.PluginTagToContent("hparams")
+                   if "hparams" in plugin.ActivePlugins() else {})
+        if "_hparams_/session_start_info" in content:
+            hparams.append(content["_hparams_/session_start_info"])
+    steps = [e.step for e in histograms["val/l0_per_input"]]
+    assert len(steps) == 2 and steps == sorted(steps)  # one per validation epoch
+    assert len(histograms["val/log10_firing_frequency"]) == 2
+    first = histograms["val/l0_per_input"][0].histogram_value
+    assert first.num == 2 * mnist_small.batch_size  # every validation input's L0
+    assert first.max <= 16
+    assert {"test/fvu", "test/l0_mean"} <= scalars
+    starts = [plugin_data_pb2.HParamsPluginData.FromString(c).session_start_info
+              for c in hparams]
+    assert any(s.hparams["model"].string_value == "l1"
+               and s.hparams["max_steps"].string_value == "None" for s in starts)

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sae import compare, figures
 from sae.cli import UsageError, build_parser
@@ -371,6 +373,142 @@ def test_summary_display_and_markdown():
     assert "<td class=\"num\">92.60</td>" in tables.to_html(shown)
 
 
+def verdict_frame():
+    return summary([
+        # dataset, model, kind, param, value, seed, fvu, l0, probe
+        ("mnist", "kl", "kl", "lambda", 1.0, 0, 0.03, 14, 0.94),      # band <= 20
+        ("mnist", "l1", "l1", "lambda", 0.03, 0, 0.28, 13, 0.96),
+        ("mnist", "sparsemax", "sparsemax", "lambda", 0.03, 0, 0.20, 16, 0.97),
+        ("mnist", "topk", "topk", "k", 16, 0, 0.17, 16, 0.965),
+        ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.14, 37, 0.976),  # 20 < L0 <= 50
+        ("mnist", "topk", "topk", "k", 32, 0, 0.11, 32, 0.973),
+        ("mnist", "topk", "topk", "k", 64, 0, 0.07, 64, 0.97),       # > 50, alone
+        ("fashion-mnist", "sparsemax", "sparsemax", "lambda", 0.03, 0, 0.16, 9, 0.85),
+        ("fashion-mnist", "topk", "topk", "k", 16, 0, 0.12, 16, 0.86),
+    ])
+
+
+def winners(judged, dataset, band, criterion):
+    row = judged[(judged["dataset"] == dataset) & (judged["band"] == band)
+                 & (judged["criterion"] == criterion)]
+    assert len(row) == 1
+    return row.iloc[0]
+
+
+def test_verdict_names_the_best_per_dataset_band_and_criterion():
+    s = verdict_frame()
+    judged = tables.verdict(s)
+    assert list(dict.fromkeys(judged["band"])) == ["L0 ≤ 20", "20 < L0 ≤ 50", "L0 > 50"]
+    low = winners(judged, "mnist", "L0 ≤ 20", "FVU at L0")
+    assert low["winner"] == "topk k = 16 (L0 16.0)" and low["score"] == pytest.approx(0.17)
+    assert low["runner_up"].startswith("sparsemax λ = 0.03")
+    assert low["margin"] == pytest.approx(0.03)
+    assert low["excluded"].startswith("kl λ = 1")  # said, not silently dropped
+    assert low["n_candidates"] == 3
+    assert winners(judged, "mnist", "L0 ≤ 20", "probe accuracy")["winner"].startswith(
+        "sparsemax")
+    assert winners(judged, "mnist", "20 < L0 ≤ 50", "FVU at L0")["winner"].startswith("topk")
+    assert winners(judged, "mnist", "20 < L0 ≤ 50", "probe accuracy")["winner"].startswith("l1")
+    alone = winners(judged, "mnist", "L0 > 50", "FVU at L0")
+    assert alone["runner_up"] == "" and math.isnan(alone["margin"])
+    dead = winners(judged, "mnist", "L0 ≤ 20", "dead units")  # all 10 %: a four-way tie
+    assert len(dead["winners"]) == 4
+    assert winners(judged, "fashion-mnist", "L0 ≤ 20", "FVU at L0")["winner"].startswith("topk")
+    assert tables.l0_band(20.0) == "L0 ≤ 20" and tables.l0_band(20.01) == "20 < L0 ≤ 50"
+    assert tables.l0_band(0.0) == "L0 ≤ 20" and tables.l0_band(float("nan")) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(kl_fvu=st.floats(0.0, 1.0), kl_extra=st.floats(1e-3, 1.0),
+       others=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(1.0, 80.0)), min_size=1,
+                       max_size=5))
+def test_a_code_without_exact_zeros_never_wins_fvu_at_l0(kl_fvu, kl_extra, others):
+    rows = [("mnist", "kl", "kl", "lambda", 1.0, 0, kl_fvu, 10.0, 0.9)]
+    rows += [("mnist", "l1", "l1", "lambda", 0.001 * (i + 1), 0, fvu, l0, 0.9)
+             for i, (fvu, l0) in enumerate(others)]
+    s = summary(rows)  # the KL row's FVU at L0 is its FVU + 0.5 (see results())
+    judged = tables.verdict(s)
+    fvu_rows = judged[judged["criterion"] == "FVU at L0"]
+    assert not any("kl" in w for w in fvu_rows["winner"])
+    assert all(not s.loc[i, "kind"] == "kl" for ws in fvu_rows["winners"] for i in ws)
+    band = fvu_rows[fvu_rows["band"] == "L0 ≤ 20"]
+    if len(band):
+        assert "kl λ = 1" in band.iloc[0]["excluded"]
+    assert list(tables.exact_zeros(s)) == [k != "kl" for k in s["kind"]]
+
+
+def test_best_cells_are_marked_in_markdown_and_html():
+    s = verdict_frame()
+    judged = tables.verdict(s)
+    best = tables.best_cells(s, "mnist", judged)
+    shown = tables.summary_display(s, "mnist")
+    row = list(zip(shown["model"], shown["λ / k"], strict=True)).index(("topk", "k = 16"))
+    assert (row, "FVU at L0") in best
+    kl_row = list(shown["model"]).index("kl")
+    assert (kl_row, "FVU at L0") not in best and (kl_row, "FVU") not in best
+    md = tables.to_markdown(shown, best).splitlines()
+    assert "**0.1700**" in md[2 + row] and "**" not in md[2 + kl_row].split("|")[6]
+    html = tables.to_html(shown, best)
+    assert html.count('class="num best"') == len(best)
+    assert '<td class="num best">0.1700</td>' in html
+    # the new measures have their columns
+    assert {"recon bias", "support FVU", "adaptive gain", "adaptivity"} <= set(shown.columns)
+
+
+def test_comparison_page_states_the_verdict_and_findings(tmp_path):
+    sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
+    s = verdict_frame()
+    (tmp_path / "runs").mkdir()
+    page = render.comparison_html(sweep, s, tables.match_kl(s), {"mnist": 0.926}, {}, 9, 9)
+    md = render.comparison_markdown(sweep, s, tables.match_kl(s), {"mnist": 0.926}, 9, 9)
+    for text in (page, md):
+        assert "Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0" in text
+        assert "Lowest FVU at L0, per L0 band: topk in 3 of 3" in text
+        assert "Out of the FVU-at-L0 contest: kl (no exact zeros)" in text
+    assert 'class="num best"' in page and "**0.1700**" in md
+    lines = render.findings(s, tables.verdict(s), "mnist")
+    assert any(line.startswith("Best probe accuracy: L0 ≤ 20: sparsemax") for line in lines)
+
+
+def test_related_links_exist_or_are_left_out(tmp_path):
+    sweeps = tmp_path / "sweeps"
+    here = sweeps / "mnist"
+    (sweeps / "fashion-mnist").mkdir(parents=True)
+    (sweeps / "fashion-mnist" / "comparison.html").write_text("x")
+    (tmp_path / "figures" / "gallery").mkdir(parents=True)
+    (tmp_path / "figures" / "gallery" / "README.md").write_text("x")
+    frame = tables.results_frame([
+        {"dataset": "mnist", "model": "l1", "param": "lambda", "value": 0.01, "seed": 0,
+         "run": "runs/mnist/l1/lambda0.01/seed0"},
+        {"dataset": "mnist", "model": "l1", "param": "lambda", "value": 0.01, "seed": 1,
+         "run": "runs/mnist/l1/lambda0.01/seed1"}])
+    (here / frame.loc[0, "run"]).mkdir(parents=True)
+    (here / frame.loc[0, "run"] / "report.html").write_text("x")
+    links = render.related_links(here, ["mnist"], frame)
+    assert links["pages"] == [("fashion-mnist comparison", "../fashion-mnist/comparison.html"),
+                              ("figure gallery", "../../figures/gallery/README.md")]
+    assert links["runs"] == {"mnist": [("l1 λ = 0.01 seed 0",
+                                        "runs/mnist/l1/lambda0.01/seed0/report.html")]}
+    # a published copy beside the gallery, without runs/
+    published = tmp_path / "figures" / "compare" / "mnist"
+    published.mkdir(parents=True)
+    links = render.related_links(published, ["mnist"], frame)
+    assert links == {"pages": [("figure gallery", "../../gallery/README.md")], "runs": {}}
+
+
+def test_publish_page_renders_without_runs(tmp_path):
+    sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    render.write_outputs(out, sweep, spec.plan(sweep), {})
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    written = render.publish_page(out, sweep, spec.plan(sweep), pub)
+    assert [p.name for p in written] == ["comparison.md", "comparison.html"]
+    assert "0 of 2 runs finished" in (pub / "comparison.md").read_text()
+    assert "runs/" not in (pub / "comparison.html").read_text()
+
+
 # --------------------------------------------------------------------------- plots
 
 
@@ -394,24 +532,64 @@ def plot_frames():
     return s, l0, per_class, corr
 
 
+def axes_labelled(fig, prefix: str) -> list:
+    return [ax for ax in fig.axes if ax.get_label().startswith(prefix)]
+
+
 def test_comparison_plots_render():
     s, l0, per_class, corr = plot_frames()
     made = [figures.fvu_l0_pareto(s), figures.probe_vs_l0(s, {"mnist": 0.926}),
             figures.l0_distributions(l0), figures.class_l0_heatmap(per_class),
             figures.l0_ink_correlation(corr)]
-    assert [len([a for a in made[0].axes if a.get_title()]), len(made[1].axes)] == [2, 2]
-    legend = [t.get_text() for t in made[0].axes[0].get_legend().get_texts()]
-    # only the KL-SAE's FVU changes when just the units counted in L0 reconstruct
-    assert "kl: only units counted in L0" in legend
-    assert not any(label.startswith("l1:") for label in legend)
-    # the frontier uses the KL-SAE's FVU at its L0 (0.3 + 0.5 here), so l1's points make it
-    front = next(ln for ln in made[0].axes[0].get_lines() if "Pareto" in ln.get_label())
-    assert list(front.get_ydata()) == [0.4, 0.2]
+    assert len(made[1].axes) == 2
     assert len(made[2].axes) == 3  # one panel per dataset x model
     text = " ".join(t.get_text() for t in made[4].findobj(lambda o: hasattr(o, "get_text")))
     assert "undefined" in text  # TopK's constant L0
     for fig in made:
         assert figures.figure_to_png_bytes(fig, dpi=30).startswith(b"\x89PNG")
+
+
+def test_fvu_plot_keeps_codes_without_exact_zeros_off_its_main_axes():
+    s, *_ = plot_frames()
+    fig = figures.fvu_l0_pareto(s)
+    main = {ax.get_label(): ax for ax in axes_labelled(fig, "main:")}
+    loose = {ax.get_label(): ax for ax in axes_labelled(fig, "loose:")}
+    assert set(main) == {"main:mnist", "main:fashion-mnist"}
+    assert set(loose) == {"loose:mnist", "loose:fashion-mnist"}
+    ax = main["main:mnist"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "l1" in legend and not any(label.startswith("kl") for label in legend)
+    # no drawn point of the main axes is the KL-SAE's (FVU 0.31 or FVU at L0 0.81)
+    ys = np.concatenate([np.asarray(line.get_ydata(), float) for line in ax.get_lines()])
+    assert not np.isin(np.round(ys, 3), [0.31, 0.81]).any()
+    assert ax.get_ylim()[1] < 0.5  # the KL-SAE's 0.81 does not stretch the axis
+    front = next(ln for ln in ax.get_lines() if "Pareto" in ln.get_label())
+    assert list(front.get_ydata()) == [0.4, 0.2]
+    kl_panel = loose["loose:mnist"]
+    kl_legend = [t.get_text() for t in kl_panel.get_legend().get_texts()]
+    assert kl_legend == ["kl: FVU", "kl: FVU at L0"] and "no exact zeros" in kl_panel.get_title()
+    kl_ys = {round(float(y), 3) for line in kl_panel.get_lines() for y in line.get_ydata()}
+    assert {0.31, 0.81} <= kl_ys
+    assert "none" in " ".join(t.get_text() for t in loose["loose:fashion-mnist"].texts)
+    # without any such code there is no second row
+    exact_only = figures.fvu_l0_pareto(s[s["kind"] != "kl"])
+    assert not axes_labelled(exact_only, "loose:")
+
+
+def test_point_labels_do_not_overlap():
+    rows = [("mnist", m, m, "lambda", lam, 0, 0.2 + 0.001 * i, 20 + 0.3 * i, 0.9)
+            for i, (m, lam) in enumerate([(m, lam) for m in ("l1", "sparsemax", "entmax")
+                                          for lam in (0.003, 0.01, 0.03)])]
+    fig = figures.fvu_l0_pareto(summary(rows))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    boxes = [t.get_window_extent(renderer) for t in fig.axes[0].texts]
+    assert len(boxes) >= 6  # at least each line's two ends are labelled
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b)
 
 
 def test_comparison_plots_accept_empty_frames():

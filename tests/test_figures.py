@@ -85,38 +85,78 @@ def test_sparsity_histogram_wide_codes_use_integer_bins_of_several_units():
     assert np.allclose(edges + 0.5, np.round(edges + 0.5))  # edges sit on half-integers
 
 
-# --------------------------------------------------------------------------- frequency grid
+# --------------------------------------------------------------------------- frequency curve
 
 
-def test_activation_frequency_grid_layout_and_dead_marking(freq):
-    fig = F.activation_frequency_grid(freq)
-    (ax,) = image_axes(fig)
-    im = ax.images[0]
-    assert im.get_array().shape == (7, 8)  # ceil(sqrt(50)) = 8 columns, 7 rows
-    assert len(fig.axes) == 2  # grid + colour bar
-    assert "log scale" in fig.axes[1].get_ylabel()
+def test_activation_frequency_curve_is_sorted_on_a_fixed_scale_with_dead_units_marked(freq):
+    fig = F.activation_frequency_curve(freq)
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylim() == pytest.approx((F.FREQ_FLOOR, 1.0))  # fixed: runs compare 1:1
+    assert ax.get_xlim() == pytest.approx((0, 100))  # rank as a share of the units
+    live, dead = ax.get_lines()[0], ax.get_lines()[1]
+    y = live.get_ydata()
+    assert len(y) == 47 and np.all(np.diff(y) <= 0)  # busiest first
+    assert np.allclose(y, np.sort(freq[freq > 0])[::-1].clip(F.FREQ_FLOOR))
+    assert len(dead.get_xdata()) == 3 and np.all(dead.get_ydata() == F.FREQ_FLOOR)
+    assert np.all(dead.get_xdata() > live.get_xdata().max())  # dead units come last
+    legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    assert "dead units (frequency 0): 3" in legend and "dense threshold" in legend
     assert "3 dead" in fig.get_suptitle()
-    cells = np.ma.filled(im.get_array().astype(float), np.nan).ravel()
-    assert np.all(cells[[3, 7, 11]] < im.norm.vmin)  # painted with the "under" (dead) colour
-    assert np.all(np.isnan(cells[50:]))  # padding takes the "bad" colour
     render(fig)
+
+
+def test_activation_frequency_curves_of_two_runs_share_their_axes(rng):
+    busy = F.activation_frequency_curve(rng.uniform(0.1, 0.9, 40))
+    rare = F.activation_frequency_curve(10 ** rng.uniform(-3.5, -2, 300))
+    assert busy.axes[0].get_ylim() == rare.axes[0].get_ylim()
+    assert busy.axes[0].get_xlim() == rare.axes[0].get_xlim()
 
 
 # --------------------------------------------------------------------------- class x unit heatmap
 
 
-def test_class_unit_heatmap_orders_units_most_frequent_first(rng):
-    class_freq = rng.uniform(0, 0.2, (3, 20))
-    class_freq[:, 13] = 0.9  # the busiest unit must come first
-    fig = F.class_unit_heatmap(class_freq, ["a", "b", "c"], max_units=5)
-    (ax,) = image_axes(fig)
-    assert ax.images[0].get_array().shape == (3, 5)
-    order = np.argsort(-class_freq.mean(0), kind="stable")[:5]
-    assert [t.get_text() for t in ax.get_xticklabels()] == [str(j) for j in order]
-    assert order[0] == 13
+def heatmap_axes(fig: Figure):
+    """(selectivity strip, heatmap) of a class x unit heatmap."""
+    (heat,) = image_axes(fig)
+    strip = next(ax for ax in fig.axes if ax.get_ylabel() == "selectivity")
+    return strip, heat
+
+
+def test_class_unit_heatmap_groups_units_by_preferred_class_then_selectivity():
+    # 6 units, 3 classes: unit -> preferred class and how selective it is
+    class_freq = np.array([
+        # u0    u1    u2    u3    u4    u5
+        [0.10, 0.60, 0.05, 0.30, 0.00, 0.20],  # class a
+        [0.50, 0.10, 0.05, 0.30, 0.40, 0.20],  # class b
+        [0.10, 0.10, 0.40, 0.25, 0.00, 0.21],  # class c
+    ])
+    fig = F.class_unit_heatmap(class_freq, ["a", "b", "c"])
+    strip, ax = heatmap_axes(fig)
+    order = [int(t.get_text()) for t in ax.get_xticklabels()]
+    # class a: u1 (selective), then u3 (spread, prefers a by a hair); class b: u4 (only b)
+    # before u0; class c: u2 then u5 (almost flat)
+    assert order == [1, 3, 4, 0, 2, 5]
+    preferred, selectivity = F.class_selectivity(class_freq)
+    assert list(preferred) == [1, 0, 2, 0, 1, 2]
+    assert selectivity[4] == pytest.approx(1.0) and selectivity[5] < 0.01
+    heights = [p.get_height() for p in strip.patches]
+    assert heights == pytest.approx(list(selectivity[order]))
+    np.testing.assert_array_equal(ax.images[0].get_array(), class_freq[:, order])
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
-    assert fig.get_suptitle() and ax.get_xlabel()
-    assert fig.axes[1].get_ylabel()  # colour bar labelled
+    assert "preferred class" in ax.get_xlabel()
+    render(fig)
+
+
+def test_class_unit_heatmap_keeps_the_most_frequent_units():
+    rng = np.random.default_rng(1)
+    class_freq = rng.uniform(0, 0.2, (3, 20))
+    class_freq[:, 13] = 0.9
+    fig = F.class_unit_heatmap(class_freq, ["a", "b", "c"], max_units=5)
+    _, ax = heatmap_axes(fig)
+    assert ax.images[0].get_array().shape == (3, 5)
+    shown = {int(t.get_text()) for t in ax.get_xticklabels()}
+    assert shown == set(np.argsort(-class_freq.mean(0), kind="stable")[:5])
     render(fig)
 
 
@@ -211,15 +251,16 @@ def test_reconstructions_pairs(rng, rows, n, pairs):
     fig = F.reconstructions(x, x + 0.1, image_shape=SHAPE, n=n)
     (ax,) = image_axes(fig)
     assert np.isfinite(mosaic_of(fig)).sum() == 2 * pairs * D
-    assert [t.get_text().split()[0] for t in ax.texts] == ["MSE"] * pairs
-    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["input", "output"]
+    assert [t.get_text().split()[0] for t in ax.texts if "MSE" in t.get_text()] == ["MSE"] * pairs
+    assert [t.get_text() for t in ax.texts if "MSE" not in t.get_text()][:2] == ["input",
+                                                                                    "output"]
     assert fig.get_suptitle()
     render(fig)
 
 
 def test_reconstructions_inputs_sit_above_outputs(rng):
     x = rng.uniform(size=(10, D))
-    x_hat = -rng.uniform(size=(10, D))  # negative: outputs are told apart from inputs by sign
+    x_hat = rng.uniform(size=(10, D))
     fig = F.reconstructions(x, x_hat, image_shape=SHAPE)
     mosaic = mosaic_of(fig)
     band = 3  # the label band of 8-pixel tiles: max(8 // 3, 3)
@@ -232,7 +273,25 @@ def test_reconstructions_inputs_sit_above_outputs(rng):
         np.testing.assert_array_equal(mosaic[y_out:y_out + 8, x0:x0 + 8],
                                       x_hat[i].reshape(SHAPE))
     assert np.isfinite(mosaic).sum() == 2 * 10 * D  # the short second row is padded with NaN
-    mse = [float(t.get_text().split()[1]) for t in image_axes(fig)[0].texts]
+    mse = [float(t.get_text().split()[1]) for t in image_axes(fig)[0].texts
+           if "MSE" in t.get_text()]
+    np.testing.assert_allclose(mse, ((x - x_hat) ** 2).mean(1), rtol=0.05)
+
+
+def test_reconstructions_use_the_pixel_range_and_say_that_outputs_are_clipped(rng):
+    x = rng.uniform(size=(4, D))
+    x_hat = x * 1.8 - 0.3  # overshoots both ends
+    fig = F.reconstructions(x, x_hat, image_shape=SHAPE, source="the first 4 validation inputs")
+    im = image_axes(fig)[0].images[0]
+    assert (im.norm.vmin, im.norm.vmax) == (0.0, 1.0)  # inputs are not washed out
+    mosaic = mosaic_of(fig)
+    assert np.nanmin(mosaic) >= 0 and np.nanmax(mosaic) <= 1  # outputs clipped for display
+    assert "the first 4 validation inputs" in fig.get_suptitle()
+    share = 100 * np.mean((x_hat < 0) | (x_hat > 1))
+    assert f"clipped to 0..1 for display ({share:.1f}%" in all_text(fig)
+    # MSE labels are of the unclipped outputs
+    mse = [float(t.get_text().split()[1]) for t in image_axes(fig)[0].texts
+           if "MSE" in t.get_text()]
     np.testing.assert_allclose(mse, ((x - x_hat) ** 2).mean(1), rtol=0.05)
 
 
@@ -296,11 +355,11 @@ EDGE_CASES = {
     "hist-single-class": lambda: F.sparsity_histogram(np.arange(5), np.zeros(5, int), ["only"]),
     "hist-no-samples": lambda: F.sparsity_histogram(np.zeros(0, int)),
     "hist-no-samples-classes": lambda: F.sparsity_histogram(np.zeros(0), np.zeros(0), ["a"]),
-    "grid-all-dead": lambda: F.activation_frequency_grid(np.zeros(H)),
-    "grid-single-unit": lambda: F.activation_frequency_grid(np.array([0.3])),
-    "grid-single-dead-unit": lambda: F.activation_frequency_grid(np.zeros(1)),
-    "grid-constant": lambda: F.activation_frequency_grid(np.full(H, 0.5)),
-    "grid-no-units": lambda: F.activation_frequency_grid(np.zeros(0)),
+    "freq-all-dead": lambda: F.activation_frequency_curve(np.zeros(H)),
+    "freq-single-unit": lambda: F.activation_frequency_curve(np.array([0.3])),
+    "freq-single-dead-unit": lambda: F.activation_frequency_curve(np.zeros(1)),
+    "freq-constant": lambda: F.activation_frequency_curve(np.full(H, 0.5)),
+    "freq-no-units": lambda: F.activation_frequency_curve(np.zeros(0)),
     "heat-all-zero": lambda: F.class_unit_heatmap(np.zeros((3, H))),
     "heat-empty-class-row": lambda: F.class_unit_heatmap(np.r_[np.ones((1, H)), np.zeros((1, H))]),
     "heat-single": lambda: F.class_unit_heatmap(np.array([[0.2]]), ["only"]),
@@ -327,7 +386,7 @@ def test_degenerate_inputs_still_give_a_titled_figure(make):
 
 
 def test_all_dead_is_stated():
-    assert "9 dead (100.0%)" in F.activation_frequency_grid(np.zeros(H)).get_suptitle()
+    assert "9 dead (100.0%)" in F.activation_frequency_curve(np.zeros(H)).get_suptitle()
     assert "9 dead" in F.feature_density_histogram(np.zeros(H)).get_suptitle()
     atoms = F.decoder_atoms(np.zeros((D, H)), np.zeros(H), image_shape=SHAPE)
     assert [t.get_text() for t in image_axes(atoms)[0].texts] == [f"#{j}: dead" for j in range(H)]
@@ -358,7 +417,7 @@ def test_no_global_state_leaks(rng, freq):
     before = dict(mpl.rcParams)
     figs_before = plt.get_fignums()
     F.sparsity_histogram(rng.poisson(4, 50), rng.integers(0, 2, 50))
-    F.activation_frequency_grid(freq)
+    F.activation_frequency_curve(freq)
     F.decoder_atoms(rng.normal(size=(D, 4)), rng.uniform(size=4), image_shape=SHAPE)
     F.training_curves(history(20))
     assert plt.get_fignums() == figs_before  # nothing registered with pyplot

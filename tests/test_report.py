@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
+from PIL import Image
 
 from sae import figures, report
+from sae.figures.common import palette_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +35,12 @@ comment: "<script>alert(1)</script> & co"
 METRICS = {"mse": 0.0123456, "fvu": 0.2345678, "l0_mean": 12.5, "l0_std": 3.25,
            "dead_fraction": 0.0234, "dense_fraction": 0.0, "recon_bias": 0.9712,
            "wall_time_s": 3725.2}
+# everything sae.run writes to metrics.json (sae.evaluate's metrics and the run's facts)
+FULL_METRICS = {**METRICS, "explained_variance": 0.7654, "n_samples": 10000.0,
+                "n_units": 512.0, "fvu_at_l0": 0.2345678, "support_fvu": 0.2, "adaptivity_m": 12.0,
+                "support_fvu_const": 0.21, "adaptive_gain": 0.01, "adaptivity": 0.3,
+                "n_inputs": 2000.0, "steps": 2150, "epochs": 10, "model": "sparsemax",
+                "lam": 0.01, "dataset": "mnist", "seed": 3, "hidden": 512, "fire_threshold": 0.0}
 
 
 def tiny_png(text: str) -> bytes:
@@ -76,7 +86,8 @@ def run_dir(tmp_path, pngs) -> Path:
 
 
 def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
+    """How the page embeds a PNG: as its palette version where that is faithful."""
+    return base64.b64encode(palette_png(data)).decode("ascii")
 
 
 def assert_self_contained(page: str) -> None:
@@ -198,3 +209,77 @@ def test_cli_errors_are_one_line(tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def section(page: str, anchor: str) -> str:
+    """The HTML of one <h2> section of a page."""
+    start = page.index(f'<h2 id="{anchor}">')
+    end = page.find("<h2 ", start + 1)
+    return page[start:end if end >= 0 else len(page)]
+
+
+def test_headline_settings_apart_and_every_metric_defined(run_dir):
+    (run_dir / "metrics.json").write_text(json.dumps(FULL_METRICS))
+    (run_dir / "config.yaml").write_text(CONFIG + "val_size: 5000\n")
+    page = report.write_report(run_dir).read_text(encoding="utf-8")
+    head = page[:page.index("<nav>")]
+    assert "FVU 0.2346 · L0 12.5 ± 3.2 active units per input · 2.3 % dead units" in head
+    metrics = section(page, "metrics")
+    run_part, metric_part = metrics.split("<h3>Metrics</h3>")
+    for setting in ("sparsemax", "mnist", ">3<", "firing threshold"):  # the run's facts ...
+        assert setting in run_part
+    rows = re.findall(r"<tr><td>([a-z_0-9]+)</td><td[^>]*>[^<]*</td><td class=\"note\">([^<]*)<",
+                      metric_part)
+    names = {name for name, _ in rows}
+    assert not names & {"model", "lam", "seed", "dataset", "hidden"}  # ... are not metrics
+    assert names == set(FULL_METRICS) - {"model", "lam", "seed", "dataset", "hidden", "steps",
+                                         "epochs", "fire_threshold"}
+    assert all(note.strip() for _, note in rows)  # every metric has its definition
+    assert "test set (n = 10,000 images)" in metrics
+    figures_part = section(page, "figures")
+    assert "validation set (n = 5,000 images)" in figures_part.replace("5000", "5,000")
+
+
+@pytest.mark.parametrize(("model", "shown", "hidden"), [
+    ("kl", {"rho", "lambda"}, {"alpha", "k", "jumprelu_bandwidth", "values"}),
+    ("topk", {"k"}, {"rho", "lambda", "alpha"}),
+    ("entmax", {"alpha", "alpha_mode", "lambda"}, {"rho", "k"}),
+])
+def test_config_shows_the_settings_of_its_model_and_all_on_request(tmp_path, model, shown,
+                                                                     hidden):
+    run = tmp_path / model
+    run.mkdir()
+    every = {"model": model, "lambda": 0.01, "k": 32, "rho": 0.05, "alpha": 1.5,
+             "alpha_mode": "learn", "values": "shrunk", "jumprelu_bandwidth": 0.001,
+             "hidden": 512, "arch": "linear", "mlp_width": 512}
+    (run / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in every.items()))
+    config = section(report.write_report(run).read_text(encoding="utf-8"), "config")
+    short, full = config.split("<details>")
+    keys = set(re.findall(r"<tr><td>([a-z_]+)</td>", short))
+    assert shown <= keys and not keys & hidden and "mlp_width" not in keys
+    assert set(re.findall(r"<tr><td>([a-z_]+)</td>", full)) == set(every)
+    assert f"Show all {len(every)} settings" in full
+
+
+def test_tables_scroll_in_their_own_box_and_figures_open_full_size(run_dir):
+    page = report.write_report(run_dir).read_text(encoding="utf-8")
+    assert page.count("<table>") == page.count('<div class="scroll"><table>') >= 2
+    assert page.count('<label class="zoom"') == page.count("<img") == 4
+    assert ".scroll { overflow-x: auto" in page
+
+
+def test_pages_embed_palette_pngs_where_faithful(tmp_path):
+    rng = np.random.default_rng(0)
+    fig = figures.class_unit_heatmap(rng.uniform(0, 0.5, (10, 64)))
+    png = figures.figure_to_png_bytes(fig)
+    small = palette_png(png)
+    assert len(small) < 0.7 * len(png)
+    original = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=int)
+    again = np.asarray(Image.open(io.BytesIO(small)).convert("RGB"), dtype=int)
+    assert Image.open(io.BytesIO(small)).mode == "P"
+    assert np.abs(original - again).mean() <= 1.0
+    noise = Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    noise.save(buf, format="PNG")
+    assert palette_png(buf.getvalue()) == buf.getvalue()  # 4096 colours: not faithful, kept
+    assert palette_png(b"not a png") == b"not a png"

@@ -16,7 +16,9 @@ figures.decoder_atoms(...)`` works whichever module a figure lives in.
 from sae.figures.common import DPI, figure_to_png_bytes, figure_to_rgb, save_png, tile_mosaic
 from sae.figures.curves import training_curves
 from sae.figures.run import (
-    activation_frequency_grid,
+    FREQ_FLOOR,
+    activation_frequency_curve,
+    class_selectivity,
     class_unit_heatmap,
     decoder_atoms,
     feature_density_histogram,
@@ -33,8 +35,10 @@ from sae.figures.sweep import (
 
 __all__ = [
     "DPI",
-    "activation_frequency_grid",
+    "FREQ_FLOOR",
+    "activation_frequency_curve",
     "class_l0_heatmap",
+    "class_selectivity",
     "class_unit_heatmap",
     "decoder_atoms",
     "feature_density_histogram",

@@ -1,7 +1,7 @@
 """Figures of one run: what the SAE learned, from validation statistics (numpy in, Figure out).
 
 Drawn by the figure callback during training (``figures/<kind>/epoch_<E>.png``) and shown in the
-run's report: sparsity histogram, unit firing-frequency grid, class × unit heatmap, feature
+run's report: sparsity histogram, sorted unit firing frequencies, class × unit heatmap, feature
 density, decoder atoms and reconstructions.
 
 Vocabulary used in titles and labels:
@@ -24,7 +24,7 @@ import matplotlib as mpl
 import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
-from matplotlib.colors import LogNorm, PowerNorm
+from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -40,13 +40,13 @@ from sae.figures.common import (
     tile_mosaic,
 )
 
-__all__ = ["ATOM_GAP", "activation_frequency_grid", "class_unit_heatmap", "decoder_atoms",
-           "feature_density_histogram", "reconstructions", "sparsity_histogram"]
+__all__ = ["ATOM_GAP", "FREQ_FLOOR", "activation_frequency_curve", "class_unit_heatmap",
+           "class_selectivity", "decoder_atoms", "feature_density_histogram", "reconstructions",
+           "sparsity_histogram"]
 
 ATOM_GAP = 2  # pixels between decoder-atom tiles
 
 _DEAD_COLOUR = "#d62728"  # red: outside viridis, so a dead unit never looks like a rare one
-_PAD_COLOUR = "#ececec"  # grid cells that hold no unit
 _DENSE_THRESHOLD = 0.5  # matches metrics.dense_fraction: fires on more than half of the inputs
 
 
@@ -154,7 +154,8 @@ def sparsity_histogram(
                Line2D([], [], color="k", ls="--", lw=1.0, label="mean")]
     fig.legend(handles=handles, loc="outside right upper", frameon=False)
     for ax in axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # few ticks: a narrow facet of a wide L0 range otherwise runs its labels together
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
         ax.tick_params(labelbottom=True)
     fig.supxlabel(xlabel)
     fig.supylabel("fraction of samples in panel")
@@ -162,108 +163,137 @@ def sparsity_histogram(
     return fig
 
 
-# --------------------------------------------------------------------------- unit frequency grid
+# --------------------------------------------------------------------------- unit frequency curve
 
-
-def _log_limits(freq: np.ndarray) -> tuple[float, float]:
-    """Colour limits for a log scale over the positive frequencies (sane when none exist)."""
-    alive = freq[freq > 0]
-    if alive.size == 0:
-        return 1e-4, 1.0
-    lo, hi = float(alive.min()), float(alive.max())
-    if lo == hi:  # one unit, or all units equally busy: give the scale a decade of room
-        lo = hi / 10
-    return lo, hi
+FREQ_FLOOR = 1e-4  # fixed bottom of every frequency axis: one firing in 10 000 inputs
 
 
 @styled
-def activation_frequency_grid(freq: np.ndarray) -> Figure:
-    """Per-unit firing frequency ``[H]`` as a near-square grid of cells, log colour scale.
+def activation_frequency_curve(freq: np.ndarray, floor: float = FREQ_FLOOR) -> Figure:
+    """Per-unit firing frequency ``[H]`` sorted from busiest to rarest, on a log scale.
 
-    Unit ``j`` sits at row ``j // cols``, column ``j % cols``. Dead units (frequency 0) cannot
-    be shown on a log scale, so they get their own colour (red, with a white cross) named in
-    the legend; cells past the last unit are light grey.
+    x is the unit's rank as a share of all units (0–100 %), y its firing frequency on a fixed
+    log axis from ``floor`` to 1, so two runs' figures compare point for point, whatever their
+    width or sparsity. Dead units (frequency 0, no logarithm) are drawn as a red segment on the
+    floor and counted in the legend; frequencies between 0 and ``floor`` sit on the floor. The
+    dense threshold (firing on more than half of the inputs) is a dashed line, and the share of
+    units above it is in the legend.
     """
     freq = np.asarray(freq, dtype=float).ravel()
     h = freq.size
-    rows, cols = grid_shape(h)
-    lo, hi = _log_limits(freq)
-    # Dead units are set below vmin so the colormap paints them with its "under" colour;
-    # padding is NaN so it takes the "bad" colour.
-    cells = np.full(rows * cols, np.nan)
-    cells[:h] = np.where(freq > 0, freq, lo / 10)
-    cmap = mpl.colormaps["viridis"].with_extremes(under=_DEAD_COLOUR, bad=_PAD_COLOUR)
-
-    fig = Figure(figsize=(6.4, 5.6), layout="constrained")
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    im = ax.imshow(cells.reshape(rows, cols), cmap=cmap, norm=LogNorm(lo, hi))
-    ax.grid(False)
-    dead = np.flatnonzero(freq <= 0)
-    if dead.size and cols <= 64:  # a cross adds a cue that does not rely on colour vision
-        size = (0.5 * 330 / cols) ** 2
-        ax.scatter(dead % cols, dead // cols, marker="x", s=size, c="white", lw=0.8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)) * cols}"))
-    ax.set(xlabel="column (unit index = row start + column)", ylabel="row start (unit index)")
-    fig.colorbar(im, ax=ax, label="firing frequency (fraction of inputs, log scale)")
-    handles = [Patch(color=_DEAD_COLOUR, label=f"dead unit (never fired): {dead.size}")]
-    if rows * cols > h:
-        handles.append(Patch(facecolor=_PAD_COLOUR, edgecolor="0.6", label="no unit"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
-    share = 100 * dead.size / h if h else 0.0
-    fig.suptitle(f"Unit firing frequency: {h:,} units, {dead.size:,} dead ({share:.1f}%)")
+    dead = int((freq <= 0).sum())
+    dense = int((freq > _DENSE_THRESHOLD).sum())
+    share = 100 * dead / h if h else 0.0
+    fig.suptitle(f"Unit firing frequency: {h:,} units, {dead:,} dead ({share:.1f}%)")
+    ax.set(yscale="log", ylim=(floor, 1.0), xlim=(0, 100),
+           xlabel="units, busiest first (% of all units)",
+           ylabel="firing frequency (fraction of inputs, log scale)")
+    if h == 0:
+        empty_note(ax, "no units")
+        return fig
+    ranked = np.sort(freq)[::-1]
+    x = 100 * (np.arange(h) + 0.5) / h
+    alive = ranked > 0
+    ax.plot(x[alive], np.clip(ranked[alive], floor, 1.0), color="C0", lw=1.6,
+            label=f"live units: {h - dead:,}")
+    if dead:
+        ax.plot(x[~alive], np.full(dead, floor), color=_DEAD_COLOUR, lw=5,
+                solid_capstyle="butt", label=f"dead units (frequency 0): {dead:,}")
+    ax.axhline(_DENSE_THRESHOLD, color="0.3", ls="--", lw=1.0,
+               label=f"dense threshold (50% of inputs): {dense:,} above")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+    ax.legend(loc="lower left", fontsize="small")
     return fig
 
 
 # --------------------------------------------------------------------------- class x unit heatmap
 
 
+def class_selectivity(class_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Preferred class ``[H]`` and selectivity ``[H]`` of each unit from ``[C, H]`` per-class
+    firing frequencies.
+
+    A unit's class distribution is its per-class firing rate normalised to sum to 1 (each class
+    weighs the same, whatever its size); selectivity is ``1 − entropy / log C``: 1 for a unit
+    that fires for one class only, 0 for one that fires equally for all (the feature browser's
+    definition). Units that never fire prefer class -1 and have selectivity NaN.
+    """
+    class_freq = np.atleast_2d(np.asarray(class_freq, dtype=float))
+    c, h = class_freq.shape
+    total = class_freq.sum(0)
+    dist = class_freq / np.where(total > 0, total, 1.0)
+    logs = np.log(np.where(dist > 0, dist, 1.0))
+    entropy = -(dist * logs).sum(0)
+    selectivity = (np.clip(1.0 - entropy / math.log(c), 0.0, 1.0) if c >= 2
+                   else np.ones(h))
+    dead = total <= 0
+    preferred = np.where(dead, -1, class_freq.argmax(0) if c else -1)
+    return preferred, np.where(dead, np.nan, selectivity)
+
+
 @styled
 def class_unit_heatmap(
     class_freq: np.ndarray, class_names: list[str] | None = None, max_units: int = 128
 ) -> Figure:
-    """Firing frequency of each unit within each class, as a class x unit heatmap.
+    """Firing frequency of each unit within each class, units grouped by preferred class.
 
     Args:
         class_freq: ``[C, H]`` fraction of class ``c``'s inputs on which unit ``j`` fires.
         class_names: ``[C]`` row labels (missing ones fall back to the class index).
-        max_units: show at most this many units: the most frequent ones.
+        max_units: show at most this many units: the most frequent ones (overall frequency =
+            mean over classes; ties keep unit order).
 
-    Units are ordered by overall frequency, most frequent first, where overall is the mean over
-    classes (each class weighs the same, as the class sizes are not known here; ties keep unit
-    order). The colour scale is square-root so rare units remain visible next to busy ones and
-    zero stays white.
+    The shown units are ordered by preferred class (the class they fire for most), then by
+    selectivity (:func:`class_selectivity`), most selective first, so each class's units form
+    a block on the diagonal; thin lines separate the blocks. A strip above the heatmap shows
+    each unit's selectivity. The colour scale is square-root so rare units remain visible next
+    to busy ones and zero stays white.
     """
     class_freq = np.atleast_2d(np.asarray(class_freq, dtype=float))
     c, h = class_freq.shape
     k = min(max(int(max_units), 1), h)
-    order = np.argsort(-class_freq.mean(axis=0), kind="stable")[:k] if c else np.arange(k)
-    shown = class_freq[:, order]
     names = [
         class_names[i] if class_names is not None and i < len(class_names) else str(i)
         for i in range(c)
     ]
-
     width = min(max(6.0, 0.075 * k + 2.5), 16.0)
-    fig = Figure(figsize=(width, 0.32 * max(c, 1) + 2.2), layout="constrained")
-    ax = fig.add_subplot()
-    title = f"Firing frequency per class: {k} most frequent of {h:,} units"
-    fig.suptitle(title)
+    fig = Figure(figsize=(width, 0.32 * max(c, 1) + 3.0), layout="constrained")
+    fig.suptitle(f"Firing frequency per class: {k} most frequent of {h:,} units, "
+                 "grouped by preferred class")
     if c == 0 or k == 0:
-        empty_note(ax, "no classes" if c == 0 else "no units")
+        empty_note(fig.add_subplot(), "no classes" if c == 0 else "no units")
         return fig
+    frequent = np.argsort(-class_freq.mean(axis=0), kind="stable")[:k]
+    preferred, selectivity = class_selectivity(class_freq[:, frequent])
+    # preferred class first (dead units, -1, last), then most selective first
+    order_in = np.lexsort((-np.nan_to_num(selectivity, nan=-1.0),
+                           np.where(preferred < 0, c, preferred)))
+    order = frequent[order_in]
+    shown = class_freq[:, order]
+    sel = selectivity[order_in]
+    pref = preferred[order_in]
+
+    strip, ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 4.5]})
+    strip.bar(np.arange(k), np.nan_to_num(sel), width=1.0, color="0.35")
+    strip.set(ylim=(0, 1), ylabel="selectivity")
+    strip.yaxis.set_major_locator(MaxNLocator(2))
+    strip.grid(False)
     vmax = float(shown.max()) if shown.max() > 0 else 1.0
     cmap = sns.color_palette("rocket_r", as_cmap=True)
     im = ax.imshow(shown, aspect="auto", cmap=cmap, norm=PowerNorm(0.5, vmin=0, vmax=vmax))
     ax.grid(False)
+    for boundary in np.flatnonzero(np.diff(pref)) + 0.5:
+        for a in (ax, strip):
+            a.axvline(boundary, color="0.5", lw=0.6)
     step = max(1, math.ceil(k / 40))  # about 40 readable unit labels at most
     ax.set_xticks(np.arange(0, k, step), [str(j) for j in order[::step]], rotation=90,
                   fontsize="x-small")
     ax.set_yticks(np.arange(c), names)
-    ax.set(xlabel="unit index (ordered by overall firing frequency, most frequent first)",
+    ax.set(xlabel="unit index (grouped by preferred class, most selective first)",
            ylabel="class")
-    fig.colorbar(im, ax=ax, label="fraction of class inputs\n(square-root scale)")
+    fig.colorbar(im, ax=[strip, ax], label="fraction of class inputs\n(square-root scale)")
     return fig
 
 
@@ -370,18 +400,23 @@ def decoder_atoms(
 
 @styled
 def reconstructions(
-    x: np.ndarray, x_hat: np.ndarray, image_shape: Sequence[int] = (28, 28), n: int = 16
+    x: np.ndarray, x_hat: np.ndarray, image_shape: Sequence[int] = (28, 28), n: int = 16,
+    source: str = "inputs",
 ) -> Figure:
-    """Inputs (top row) above their reconstructions (bottom row), shared grey scale.
+    """Inputs (top row) above their reconstructions (bottom row), on the pixels' own grey scale.
 
     Args:
-        x: ``[N, D]`` inputs.
+        x: ``[N, D]`` inputs, pixel values in 0..1.
         x_hat: ``[N, D]`` reconstructions of the same inputs.
         image_shape: ``(height, width)`` with ``height * width == D``.
         n: show the first ``min(n, N)`` pairs; more than 8 pairs wrap into further row pairs
             (each input row directly above its output row) to keep the figure page-shaped.
+        source: what the inputs are, for the title (e.g. "the first 16 validation inputs").
 
-    Each reconstruction is labelled, just above it, with its own mean squared error.
+    The grey scale is the pixels' range, 0 (white) to 1 (black): a range stretched to the
+    outputs' overshoot would wash the inputs out. Outputs are clipped to it for display (said
+    under the figure, with the share of output pixels outside it); each reconstruction is
+    labelled, just above it, with its own mean squared error (of the unclipped output).
     """
     x = np.atleast_2d(np.asarray(x, dtype=float))
     x_hat = np.atleast_2d(np.asarray(x_hat, dtype=float))
@@ -391,23 +426,21 @@ def reconstructions(
     shape = _tile_shape(x.shape[1], image_shape)
     cols = min(max(k, 1), 8)
     pairs = math.ceil(k / cols) if k else 1
-    fig = Figure(figsize=(max(cols * 0.95 + 1.6, 5.5), pairs * 2.3 + 0.6), layout="constrained")
-    fig.suptitle("Reconstructions: each input above its SAE output")
+    fig = Figure(figsize=(max(cols * 0.95 + 2.0, 5.5), pairs * 2.3 + 0.9), layout="constrained")
+    fig.suptitle(f"Reconstructions of {source}: each input above its SAE output")
     ax = fig.add_subplot()
     if k == 0:
         empty_note(ax, "no samples")
         return fig
-    shown = np.concatenate([x[:k], x_hat[:k]])
-    lo, hi = float(shown.min()), float(shown.max())
-    hi = hi if hi > lo else lo + 1.0
+    outside = float(np.mean((x_hat[:k] < 0) | (x_hat[:k] > 1)))
     # Mosaic rows alternate inputs and outputs; padding cells (NaN) fill a short last row.
     pad = np.full((pairs * cols - k, x.shape[1]), np.nan)
     grid = np.concatenate([x[:k], pad]).reshape(pairs, cols, -1)
-    grid_hat = np.concatenate([x_hat[:k], pad]).reshape(pairs, cols, -1)
+    grid_hat = np.concatenate([np.clip(x_hat[:k], 0.0, 1.0), pad]).reshape(pairs, cols, -1)
     tiles = np.stack([grid, grid_hat], 1).reshape(2 * pairs * cols, *shape)
     band = max(shape[0] // 3, 3)
     cmap = mpl.colormaps["gray_r"].with_extremes(bad="white")
-    im = ax.imshow(tile_mosaic(tiles, cols, gap=1, band=band), cmap=cmap, vmin=lo, vmax=hi,
+    im = ax.imshow(tile_mosaic(tiles, cols, gap=1, band=band), cmap=cmap, vmin=0.0, vmax=1.0,
                    aspect="equal")
     _image_axes(ax)
     ax.set_frame_on(False)
@@ -417,7 +450,10 @@ def reconstructions(
         ax.text(*tile_centre(cell, cols, shape, 1, band), f"MSE {mse:.2g}",
                 ha="center", va="center", fontsize="x-small")
     pitch = band + shape[0] + 1
-    centres = [r * pitch + band + (shape[0] - 1) / 2 for r in range(2 * pairs)]
-    ax.set_yticks(centres, ["input", "output"] * pairs)
-    fig.colorbar(im, ax=ax, shrink=0.7, label="pixel value")
+    for r in range(2 * pairs):  # row names as text left of the mosaic: never clipped
+        ax.text(-1.5, r * pitch + band + (shape[0] - 1) / 2, ("input", "output")[r % 2],
+                ha="right", va="center", fontsize="small")
+    fig.colorbar(im, ax=ax, shrink=0.7, label="pixel value (0 = white, 1 = black)")
+    fig.supxlabel(f"outputs clipped to 0..1 for display ({100 * outside:.1f}% of their pixels "
+                  "lie outside)", fontsize="small")
     return fig

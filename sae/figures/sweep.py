@@ -62,19 +62,76 @@ def _pareto_front(l0: np.ndarray, err: np.ndarray) -> np.ndarray:
     return np.asarray(front, dtype=int)
 
 
-def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str, colours: dict[str, str]) -> None:
-    """Per model: mean metric against mean L0 with seed error bars, points joined along L0."""
+# offsets (points) tried in turn for a point's λ / k label; the first that overlaps no label
+# already placed wins
+_LABEL_OFFSETS = ((4, 3), (4, -10), (-4, 3), (-4, -10), (4, 11), (4, -18), (-4, 11), (-4, -18))
+
+
+def _place_labels(ax: Axes, points: list[tuple[float, float, str, str]]) -> None:
+    """Label points ``(x, y, text, colour)`` so that no two labels overlap.
+
+    Simple greedy placement in axes-fraction coordinates (no extra package): each label takes
+    the first offset of :data:`_LABEL_OFFSETS` whose estimated box (width from its length at
+    the font size) overlaps no box placed before it. The ends of each line are placed first,
+    so when a crowded middle label finds no free place, it is the one left out.
+    """
+    if not points:
+        return
+    ax.autoscale_view()
+    to_axes = ax.transScale + ax.transLimits  # data -> axes fraction, independent of layout
+    fig_w, fig_h = ax.figure.get_size_inches()
+    bbox = ax.get_position()  # before layout: a fair estimate of the axes' size in points
+    w_pt, h_pt = max(fig_w * bbox.width, 1.0) * 72, max(fig_h * bbox.height, 1.0) * 72
+    size = 6.5  # 'xx-small' at the paper context, in points
+    placed: list[tuple[float, float, float, float]] = []
+    for x, y, text, colour in points:
+        fx, fy = to_axes.transform((x, y))
+        # the estimated box, with 2 points to spare on every side
+        width, height = (0.6 * size * len(text) + 4) / w_pt, (1.2 * size + 4) / h_pt
+        for dx, dy in _LABEL_OFFSETS:
+            x0 = fx + (dx - 2) / w_pt - (width - 4 / w_pt if dx < 0 else 0.0)
+            y0 = fy + (dy - 2) / h_pt
+            box = (x0, y0, x0 + width, y0 + height)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
+                       for b in placed):
+                placed.append(box)
+                ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                            ha="right" if dx < 0 else "left", fontsize="xx-small",
+                            color=colour)
+                break
+
+
+def _ends_first(n: int) -> list[int]:
+    """Indices 0..n-1 with both ends first: labels of a line's extremes are never dropped."""
+    return list(dict.fromkeys([0, n - 1, *range(1, n - 1)])) if n else []
+
+
+def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str, colours: dict[str, str],
+                  ls: str = "-", hollow: bool = False, suffix: str = "") -> list:
+    """Per model: mean metric against mean L0 with seed error bars, points joined along L0.
+
+    Returns the points to label with their λ or k, ``(x, y, text, colour)``, ends of each
+    line first (for :func:`_place_labels`, once every line of the axes is drawn).
+    """
+    labels = []
     for model, rows in part.groupby("model", sort=False):
         rows = rows.sort_values("l0_mean_mean")
         ax.errorbar(rows["l0_mean_mean"], rows[f"{metric}_mean"],
                     xerr=_nan_to_zero(rows["l0_mean_std"]),
                     yerr=_nan_to_zero(rows[f"{metric}_std"]), color=colours[model], marker="o",
-                    ms=4, lw=1.2, capsize=2, label=str(model))
-        for _, r in rows.iterrows():
-            ax.annotate(_value_label(r["param"], r["value"]), (r["l0_mean_mean"],
-                        r[f"{metric}_mean"]), xytext=(3, 3), textcoords="offset points",
-                        fontsize="xx-small", color=colours[model])
-    if (part["l0_mean_mean"] > 0).all():  # log L0 spreads 1..H evenly; 0 has no logarithm
+                    ms=4, lw=1.2, capsize=2, ls=ls, mfc="white" if hollow else colours[model],
+                    label=f"{model}{suffix}")
+        records = rows.reset_index(drop=True)
+        labels += [(records.loc[i, "l0_mean_mean"], records.loc[i, f"{metric}_mean"],
+                    _value_label(records.loc[i, "param"], records.loc[i, "value"]),
+                    colours[model]) for i in _ends_first(len(records))]
+    _log_l0_axis(ax, part)
+    return labels
+
+
+def _log_l0_axis(ax: Axes, part: pd.DataFrame) -> None:
+    """Log L0 axis (1..H spread evenly) with plain tick numbers, when every mean L0 is > 0."""
+    if len(part) and (part["l0_mean_mean"] > 0).all():
         ax.set_xscale("log")
         # plain numbers (2, 5, 10, 20, ...) read better than 2 x 10^0 for counts of units
         ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -102,23 +159,13 @@ def _l0_panels(summary: pd.DataFrame, metric: str, title: str, ylabel: str):
     return fig, panels
 
 
-def _fvu_at_l0_lines(ax: Axes, part: pd.DataFrame, colours: dict[str, str]) -> None:
-    """Dashed, hollow-marker lines of ``fvu_at_l0`` for models where it differs from ``fvu``.
-
-    Only units that L0 counts reconstruct in ``fvu_at_l0``; models with exact zeros have the
-    same value, while a KL-SAE's sub-threshold sigmoid units also reconstruct in ``fvu``.
-    """
+def _exact(part: pd.DataFrame) -> np.ndarray:
+    """Rows whose code has exact zeros (FVU at L0 = FVU); all rows when FVU at L0 is absent."""
     if "fvu_at_l0_mean" not in part:
-        return
-    for model, rows in part.groupby("model", sort=False):
-        rows = rows.dropna(subset=["fvu_at_l0_mean"]).sort_values("l0_mean_mean")
-        gap = (rows["fvu_at_l0_mean"] - rows["fvu_mean"]).abs()
-        if rows.empty or not (gap > 1e-6).any():
-            continue
-        ax.errorbar(rows["l0_mean_mean"], rows["fvu_at_l0_mean"],
-                    yerr=_nan_to_zero(rows["fvu_at_l0_std"]), color=colours[model], marker="o",
-                    mfc="white", ms=4, lw=1.0, ls="--", capsize=2,
-                    label=f"{model}: only units counted in L0")
+        return np.ones(len(part), dtype=bool)
+    from sae.sweep.tables import exact_zeros
+
+    return exact_zeros(part).to_numpy(bool)
 
 
 @styled
@@ -127,34 +174,66 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
 
     Args:
         summary: one row per configuration with columns ``dataset``, ``model``, ``param``,
-            ``value``, ``l0_mean_mean``, ``l0_mean_std``, ``fvu_mean``, ``fvu_std`` (means and
-            standard deviations over seeds; NaN std = one seed, drawn without a bar).
+            ``value``, ``l0_mean_mean``, ``l0_mean_std``, ``fvu_mean``, ``fvu_std`` and,
+            optionally, ``fvu_at_l0_mean`` / ``_std`` (means and standard deviations over seeds;
+            NaN std = one seed, drawn without a bar).
 
-    One panel per dataset. Each point is labelled with its λ or k. L0 is on a log axis when every
-    mean L0 is positive. With ``fvu_at_l0_mean`` (and ``_std``) columns, a model whose FVU
-    changes when only the units counted in L0 reconstruct (the KL-SAE) also gets a dashed line
-    of hollow points at that FVU. The dashed grey line is the Pareto frontier over all
-    configurations (no other configuration has both fewer active units and lower FVU), taken
-    over FVU at L0 where given: a KL-SAE's plain FVU also relies on units its L0 leaves out.
+    One column per dataset. The main axes (top; ``Axes.get_label()`` ``"main:<dataset>"``) show
+    only configurations whose L0 means what it says, codes with exact zeros (FVU at L0 = FVU),
+    with their Pareto frontier (dashed grey: no other configuration has both fewer active units
+    and lower FVU). A code without exact zeros (the KL-SAE) would sit lowest there with an FVU
+    that also uses units its L0 does not count, so it gets its own small axes below
+    (``"loose:<dataset>"``): solid, its FVU; dashed with hollow points, its FVU at L0. Points are
+    labelled with their λ or k where the label has room (line ends always). L0 is on a log axis
+    when every mean L0 is positive.
     """
-    fig, panels = _l0_panels(
-        summary, "fvu", "Reconstruction vs sparsity (mean ± std over seeds; lower left is better)",
-        "FVU (fraction of variance unexplained)")
+    data = summary.dropna(subset=["l0_mean_mean", "fvu_mean"])
+    datasets = list(dict.fromkeys(summary["dataset"]))
+    exact = _exact(data)
+    has_loose = bool((~exact).any())
+    n = max(len(datasets), 1)
+    fig = Figure(figsize=(5.6 * n + 1.8, 6.4 if has_loose else 4.3), layout="constrained")
+    grid = fig.subplots(2 if has_loose else 1, n, squeeze=False,
+                        gridspec_kw={"height_ratios": [2.6, 1.0]} if has_loose else None)
+    fig.suptitle("Reconstruction vs sparsity (mean ± std over seeds; lower left is better)")
+    if not datasets:
+        empty_note(grid[0, 0], "no finished runs")
     colours = _model_colours(list(summary["model"]))
-    for ax, _, part in panels:
+    for j, dataset in enumerate(datasets):
+        ax = grid[0, j]
+        ax.set_label(f"main:{dataset}")
+        ax.set(title=f"{dataset}: codes with exact zeros", xlabel="mean L0 (active units per "
+               "input)", ylabel="FVU (= FVU at L0)")
+        in_data = (data["dataset"] == dataset).to_numpy()
+        part = data[in_data & exact]
         if part.empty:
-            empty_note(ax, "no finished runs")
+            empty_note(ax, "no finished runs with exact zeros")
+        else:
+            labels = _metric_vs_l0(ax, part, "fvu", colours)
+            l0, err = part["l0_mean_mean"].to_numpy(float), part["fvu_mean"].to_numpy(float)
+            order = _pareto_front(l0, err)
+            ax.plot(l0[order], err[order], color="0.4", ls="--", lw=1.0,
+                    drawstyle="steps-post", zorder=0, label="Pareto frontier")
+            _place_labels(ax, labels)
+            ax.legend(fontsize="small")
+        if not has_loose:
             continue
-        _metric_vs_l0(ax, part, "fvu", colours)
-        _fvu_at_l0_lines(ax, part, colours)
-        # The frontier is over FVU at the stated L0: a KL-SAE's plain FVU also uses units that
-        # its L0 does not count, so it would claim a sparsity it does not have.
-        fair = (part["fvu_at_l0_mean"].fillna(part["fvu_mean"]) if "fvu_at_l0_mean" in part
-                else part["fvu_mean"]).to_numpy(float)
-        order = _pareto_front(part["l0_mean_mean"].to_numpy(float), fair)
-        ax.plot(part["l0_mean_mean"].to_numpy(float)[order], fair[order], color="0.4", ls="--",
-                lw=1.0, drawstyle="steps-post", zorder=0, label="Pareto frontier (FVU at L0)")
-        ax.legend(fontsize="small")
+        inset = grid[1, j]
+        inset.set_label(f"loose:{dataset}")
+        loose = data[in_data & ~exact]
+        inset.set(title="no exact zeros (KL-SAE): its L0 leaves out units that reconstruct",
+                  xlabel="mean L0", ylabel="FVU")
+        inset.title.set_fontsize("small")
+        if loose.empty:
+            empty_note(inset, "none in this dataset")
+            continue
+        labels = _metric_vs_l0(inset, loose, "fvu", colours, suffix=": FVU")
+        loose_at_l0 = loose.assign(fvu_mean=loose["fvu_at_l0_mean"],
+                                   fvu_std=loose.get("fvu_at_l0_std", np.nan))
+        _metric_vs_l0(inset, loose_at_l0, "fvu", colours, ls="--", hollow=True,
+                      suffix=": FVU at L0")
+        _place_labels(inset, labels)
+        inset.legend(fontsize="x-small", loc="center right")
     return fig
 
 
@@ -181,22 +260,25 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
         if part.empty:
             empty_note(ax, "no probe results")
             continue
-        _metric_vs_l0(ax, part, "probe_accuracy", colours)
+        _place_labels(ax, _metric_vs_l0(ax, part, "probe_accuracy", colours))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.legend(fontsize="small")
     return fig
 
 
 @styled
-def l0_distributions(l0: pd.DataFrame) -> Figure:
+def l0_distributions(l0: pd.DataFrame, max_cols: int = 3) -> Figure:
     """Per-sample L0 distributions: one panel per dataset and model, one outline per λ or k.
 
     Args:
         l0: long form, one row per test sample and run, with columns ``dataset``, ``model``,
             ``config`` (the λ or k as text) and ``l0``; seeds of a configuration are pooled.
+        max_cols: panels per row; a dataset's models wrap onto further rows, and each dataset
+            starts a new row (its name leads every panel title).
 
-    Each outline is the fraction of test inputs per L0 bin. TopK's is a spike at k (or just
-    below, when some of the k largest pre-activations are not positive).
+    Every panel shares one L0 axis (the same bins), so distributions compare across models;
+    each keeps its own y scale, as TopK's spike at k would flatten every other outline. Each
+    outline is the fraction of test inputs per L0 bin.
     """
     panels = list(dict.fromkeys(zip(l0["dataset"], l0["model"], strict=True)))
     if not panels:
@@ -205,30 +287,39 @@ def l0_distributions(l0: pd.DataFrame) -> Figure:
         empty_note(fig.add_subplot(), "no per-sample L0 available")
         return fig
     datasets = list(dict.fromkeys(d for d, _ in panels))
-    models = list(dict.fromkeys(m for _, m in panels))
-    fig = Figure(figsize=(3.4 * len(models) + 1.0, 2.8 * len(datasets) + 0.8),
-                 layout="constrained")
-    grid = fig.subplots(len(datasets), len(models), squeeze=False)
-    for i, dataset in enumerate(datasets):
-        for j, model in enumerate(models):
-            ax = grid[i, j]
-            part = l0[(l0["dataset"] == dataset) & (l0["model"] == model)]
-            ax.set_title(f"{dataset} · {model}", fontsize="small")
-            if part.empty:
-                empty_note(ax, "no runs")
-                continue
-            values = part["l0"].to_numpy(float)
-            edges, _ = l0_edges(values, max_bins=60)
-            configs = list(dict.fromkeys(part["config"]))
-            shades = sns.color_palette("viridis", len(configs))
-            for config, shade in zip(configs, shades, strict=True):
-                v = values[(part["config"] == config).to_numpy()]
-                counts, _ = np.histogram(v, bins=edges)
-                ax.stairs(counts / max(v.size, 1), edges, color=shade, lw=1.4,
-                          label=f"{config} (mean {v.mean():.3g})")
-            ax.legend(fontsize="xx-small")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.supxlabel("L0 (active units per test input)")
+    per_dataset = {d: [m for dd, m in panels if dd == d] for d in datasets}
+    cols = min(max(int(max_cols), 1), max(len(m) for m in per_dataset.values()))
+    slots = []  # (row, column, dataset, model)
+    row = 0
+    for dataset in datasets:
+        for i, model in enumerate(per_dataset[dataset]):
+            slots.append((row + i // cols, i % cols, dataset, model))
+        row += math.ceil(len(per_dataset[dataset]) / cols)
+    fig = Figure(figsize=(3.9 * cols + 0.9, 2.9 * row + 0.9), layout="constrained")
+    grid = fig.subplots(row, cols, squeeze=False, sharex=True)
+    edges, _ = l0_edges(l0["l0"].to_numpy(float), max_bins=60)
+    used = set()
+    for r, c, dataset, model in slots:
+        ax = grid[r, c]
+        used.add((r, c))
+        part = l0[(l0["dataset"] == dataset) & (l0["model"] == model)]
+        ax.set_title(f"{dataset} · {model}", fontsize="medium")
+        values = part["l0"].to_numpy(float)
+        configs = list(dict.fromkeys(part["config"]))
+        shades = sns.color_palette("viridis", len(configs))
+        for config, shade in zip(configs, shades, strict=True):
+            v = values[(part["config"] == config).to_numpy()]
+            counts, _ = np.histogram(v, bins=edges)
+            ax.stairs(counts / max(v.size, 1), edges, color=shade, lw=1.4,
+                      label=f"{config} (mean {v.mean():.3g})")
+        ax.legend(fontsize="small", title="λ / k", title_fontsize="small")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
+        ax.tick_params(labelbottom=True)
+    for r in range(row):
+        for c in range(cols):
+            if (r, c) not in used:
+                fig.delaxes(grid[r, c])
+    fig.supxlabel("L0 (active units per test input; one scale for every panel)")
     fig.supylabel("fraction of test inputs")
     fig.suptitle("L0 distributions per model (test set, seeds pooled)")
     return fig
@@ -321,5 +412,8 @@ def l0_ink_correlation(results: pd.DataFrame) -> Figure:
         ax.set_xticks(np.arange(len(keys)), [f"{m} {c}" for m, c in keys], rotation=40,
                       ha="right", rotation_mode="anchor", fontsize="small")
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.set(ylim=(-1, 1), ylabel="Pearson r", title=str(dataset))
+        # fixed limits: a last configuration with only a note (no bar) still gets its full
+        # slot, so the note stays inside the axes
+        ax.set(xlim=(-0.7, len(keys) - 0.3), ylim=(-1, 1), ylabel="Pearson r",
+               title=str(dataset))
     return fig

@@ -3,10 +3,22 @@
 :func:`write_outputs` gathers the finished runs (:mod:`sae.sweep.analysis`), averages them over
 seeds and matches them with the KL-SAE (:mod:`sae.sweep.tables`), draws the plots
 (:mod:`sae.figures`) and writes every file of :data:`FIGURE_FILES` plus the tables.
+
+Both pages open with the verdict: per dataset and L0 band, the best configuration on FVU at L0
+(only models with exact zeros compete), probe accuracy and dead units
+(:func:`sae.sweep.tables.verdict`), a findings paragraph written from that same verdict
+(:func:`findings`), and the best cells of the tables marked. They link to what lies beside them
+(:func:`related_links`): the other dataset's comparison page, the figure gallery and each run's
+report, each only where the file exists, so a published copy without ``runs/`` names no run
+report (:func:`publish_page` renders that copy).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from sae.io import write_text
@@ -14,71 +26,236 @@ from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes
 from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
 
-__all__ = ["FIGURE_FILES", "LEGEND", "comparison_html", "comparison_markdown", "write_outputs"]
+__all__ = ["FIGURE_FILES", "LEGEND", "comparison_html", "comparison_markdown", "findings",
+           "publish_page", "related_links", "write_outputs"]
 
 FIGURE_FILES = {
-    "fvu_vs_l0.png": "Reconstruction vs sparsity: FVU against mean L0 per model; hollow points: "
-                     "the KL-SAE's FVU when only the units its L0 counts reconstruct; the "
-                     "dashed grey line is the Pareto frontier of FVU at L0 over all "
-                     "configurations.",
+    "fvu_vs_l0.png": "Reconstruction vs sparsity. Top: FVU against mean L0 of the models with "
+                     "exact zeros (their FVU is their FVU at L0); the dashed grey line is their "
+                     "Pareto frontier. Bottom: models without exact zeros (the KL-SAE), kept "
+                     "apart: solid, their FVU, which also uses units their L0 does not count; "
+                     "dashed, their FVU when only the units counted in L0 reconstruct.",
     "probe_vs_l0.png": "Linear-probe test accuracy of the codes against mean L0; the dashed "
                        "line is the same probe on raw pixels.",
-    "l0_distributions.png": "Distribution of the number of active units per test input.",
+    "l0_distributions.png": "Distribution of the number of active units per test input, one "
+                            "panel per model, on one shared L0 axis.",
     "class_l0.png": "Mean L0 per class, relative to each configuration's mean.",
     "l0_ink_correlation.png": "Correlation between a test input's L0 and its ink: whether the "
                               "number of active units adapts to the input.",
 }
 
 
-LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed). MSE and FVU "
-          "(fraction of variance unexplained) on the test set; FVU at L0: the FVU when only the "
-          "units counted in L0 reconstruct (differs from FVU only for the KL-SAE, whose sigmoid "
-          "units below the firing threshold still reconstruct); L0: active units per test input; "
-          "dead: units that never fire on the test set; probe: linear classifier trained on "
-          "train-set codes, scored on test-set codes; train time: wall-clock seconds of "
-          "training.")
+LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed), on the test set. "
+          "FVU: fraction of variance unexplained; FVU at L0: the FVU when only the units counted "
+          "in L0 reconstruct (differs from FVU only for a code without exact zeros, the "
+          "KL-SAE, whose sigmoid units below the firing threshold still reconstruct); L0: "
+          "active units per test input; dead: units that never fire on the test set; probe: "
+          "linear classifier trained on train-set codes, scored on test-set codes; recon bias: "
+          "Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩ (1 = unbiased, below 1 = shrunk towards the mean); "
+          "support FVU: the FVU of the least-squares code on each input's own support; adaptive "
+          "gain: support FVU with a constant budget of round(mean L0) units minus that with the "
+          "model's own supports (positive: a per-input L0 pays); adaptivity: Spearman "
+          "correlation of an input's L0 with its difficulty (energy outside the top principal "
+          "components); train time: wall-clock seconds of training. Bold: the best in its L0 "
+          "band (see the verdict).")
+
+_VERDICT_NOTE = ("Configurations compete within an L0 band (by their mean L0). Only models "
+                 "with exact zeros (FVU at L0 = FVU) compete on FVU at L0: a code without them, "
+                 "the KL-SAE's, reconstructs with units its L0 does not count. \"Within seed "
+                 "std\": the margin to the runner-up is no larger than the seed spread.")
+
+
+# --------------------------------------------------------------------------- findings
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else \
+        f"{format(lo, fmt)}–{format(hi, fmt)}"
+
+
+def findings(summary, judged, dataset: str) -> list[str]:
+    """What the verdict of one dataset says, as sentences (the page's findings paragraph).
+
+    Written from :func:`sae.sweep.tables.verdict` (``judged``) and the seed means of
+    ``summary``: which model wins FVU at L0 in how many bands (and why a model without exact
+    zeros is out of it), the best probe and the fewest dead units per band, each with its margin
+    when it is within the seed spread.
+    """
+    from sae.sweep.tables import exact_zeros, format_criterion
+
+    part = judged[judged["dataset"] == dataset]
+    rows = summary[summary["dataset"] == dataset]
+    if part.empty:
+        return []
+    out = []
+    fvu = part[part["criterion"] == "FVU at L0"]
+    if len(fvu):
+        wins: dict[str, list[str]] = {}
+        for _, r in fvu.iterrows():
+            for i in r["winners"]:
+                wins.setdefault(str(summary.loc[i, "model"]), []).append(r["band"])
+        text = "; ".join(f"{m} in {len(b)} of {len(fvu)} ({', '.join(b)})"
+                         for m, b in sorted(wins.items(), key=lambda kv: -len(kv[1])))
+        details = "; ".join(
+            f"{r['band']}: {r['winner']} {format_criterion('fvu_at_l0', r['score'])}"
+            + (f" against {r['runner_up']} {format_criterion('fvu_at_l0', r['runner_up_score'])}"
+               if r["runner_up"] else "")
+            for _, r in fvu.iterrows())
+        out.append(f"Lowest FVU at L0, per L0 band: {text}. {details}.")
+    loose = rows[~exact_zeros(rows) & rows["fvu_at_l0_mean"].notna()]
+    if len(loose):
+        models = ", ".join(dict.fromkeys(loose["model"].astype(str)))
+        out.append(f"Out of the FVU-at-L0 contest: {models} (no exact zeros). Its FVU "
+                   f"{_span(list(loose['fvu_mean']), '.3f')} looks best, but reconstructing from "
+                   f"only the units its L0 counts gives "
+                   f"{_span(list(loose['fvu_at_l0_mean']), '.3f')}.")
+    for criterion, verb in (("probe accuracy", "Best probe accuracy"),
+                            ("dead units", "Fewest dead units")):
+        sub = part[part["criterion"] == criterion]
+        if sub.empty:
+            continue
+        items = []
+        for _, r in sub.iterrows():
+            text = f"{r['band']}: {r['winner']} ({format_criterion(r['metric'], r['score'])})"
+            if r["clear"] is False:
+                text += f", within seed std of {r['runner_up']}"
+            items.append(text)
+        out.append(f"{verb}: {'; '.join(items)}.")
+    return out
+
+
+# --------------------------------------------------------------------------- links
+
+
+def _gallery(page_dir: Path) -> str | None:
+    """A relative link from a page in ``page_dir`` to the figure gallery's README.md:
+    ``../../gallery`` (a page published to figures/compare/<preset>/), else ``figures/gallery``
+    in a folder above the page (a sweep folder in the project); None when there is none."""
+    if (page_dir / ".." / ".." / "gallery" / "README.md").is_file():
+        return "../../gallery/README.md"
+    here = page_dir.resolve()
+    for parent in here.parents:
+        candidate = parent / "figures" / "gallery" / "README.md"
+        if candidate.is_file():
+            return Path(os.path.relpath(candidate, here)).as_posix()
+    return None
+
+
+def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict:
+    """Relative links from a comparison page in ``page_dir`` to what exists beside it.
+
+    Returns ``{"pages": [(text, href)], "runs": {dataset: [(text, href)]}}``: the comparison
+    page of every other dataset in ``../<dataset>/comparison.html``, the gallery, and the
+    report of each run of ``results`` (its ``run`` column, relative to the page) whose
+    ``report.html`` exists. Missing files get no link, so a copy without ``runs/`` names none.
+    """
+    from sae.config import DATASETS
+
+    page_dir = Path(page_dir)
+    pages = [(f"{other} comparison", f"../{other}/comparison.html") for other in DATASETS
+             if other not in datasets and (page_dir.parent / other / "comparison.html").is_file()]
+    gallery = _gallery(page_dir)
+    if gallery is not None:
+        pages.append(("figure gallery", gallery))
+    runs: dict[str, list[tuple[str, str]]] = {}
+    if results is not None and len(results):
+        from sae.sweep.tables import config_label
+
+        for _, r in results.iterrows():
+            rel = str(r.get("run", ""))
+            if rel and rel != "nan" and (page_dir / rel / "report.html").is_file():
+                text = f"{r['model']} {config_label(r['param'], r['value'])} seed {r['seed']}"
+                runs.setdefault(str(r["dataset"]), []).append(
+                    (text, Path(rel, "report.html").as_posix()))
+    return {"pages": pages, "runs": runs}
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def _datasets(sweep: Sweep, summary) -> list[str]:
+    present = set(summary["dataset"])
+    return [d for d in sweep.datasets if d in present]
 
 
 def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, float],
-                        n_runs: int, n_done: int) -> str:
-    """comparison.md: per dataset, the summary table and the "vs KL-SAE" table."""
-    from sae.sweep.tables import kl_display, summary_display, to_markdown
+                        n_runs: int, n_done: int, links: dict | None = None) -> str:
+    """comparison.md: per dataset the verdict, its findings, the summary table (best cells
+    bold) and the "vs KL-SAE" table; links to related pages when ``links`` names any."""
+    from sae.sweep.tables import (
+        best_cells,
+        kl_display,
+        summary_display,
+        to_markdown,
+        verdict,
+        verdict_display,
+    )
 
+    links = links or {"pages": [], "runs": {}}
+    judged = verdict(summary)
     parts = [f"# Comparison: {sweep.path.name}", ""]
     if sweep.description:
         parts += [sweep.description.strip(), ""]
     parts += [f"{n_done} of {n_runs} runs finished. {LEGEND}", ""]
-    for dataset in sweep.datasets:
-        if dataset not in set(summary["dataset"]):
-            continue
-        parts += [f"## {dataset}", "", to_markdown(summary_display(summary, dataset,
-                                                                   raw.get(dataset))), ""]
+    if links["pages"]:
+        parts += ["See also: " + " · ".join(f"[{t}]({h})" for t, h in links["pages"]), ""]
+    for dataset in _datasets(sweep, summary):
+        parts += [f"## {dataset}", "", f"### {dataset}: verdict", "", _VERDICT_NOTE, "",
+                  to_markdown(verdict_display(judged, dataset)), ""]
+        parts += [f"- {line}" for line in findings(summary, judged, dataset)] + [""]
+        parts += [f"### {dataset}: every configuration", "",
+                  to_markdown(summary_display(summary, dataset, raw.get(dataset)),
+                              best_cells(summary, dataset, judged)), ""]
         kl = kl_display(matched, dataset)
         parts += [f"### {dataset}: vs KL-SAE at the nearest mean L0", "",
                   "Δ FVU < 0 and Δ probe > 0 favour the model over the KL-SAE. Δ FVU at L0 "
                   "compares the KL-SAE at the sparsity its L0 states.", "",
                   to_markdown(kl) if len(kl) else "No non-KL configurations.", ""]
+        runs = links["runs"].get(dataset, [])
+        if runs:
+            parts += ["Run reports: " + ", ".join(f"[{t}]({h})" for t, h in runs), ""]
     return "\n".join(parts)
 
 
 def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs: dict[str, bytes],
-                    n_runs: int, n_done: int) -> str:
-    """comparison.html: the tables of comparison.md, the plots and the sweep file, one page."""
+                    n_runs: int, n_done: int, links: dict | None = None) -> str:
+    """comparison.html: the verdict, findings and tables of comparison.md, the plots, the links
+    of ``links`` (:func:`related_links`) and the sweep file, one page."""
     from sae import pages
-    from sae.sweep.tables import kl_display, summary_display, to_html
+    from sae.sweep.tables import (
+        best_cells,
+        kl_display,
+        summary_display,
+        to_html,
+        verdict,
+        verdict_display,
+    )
 
+    links = links or {"pages": [], "runs": {}}
+    judged = verdict(summary)
     sections = []
-    for dataset in sweep.datasets:
-        if dataset not in set(summary["dataset"]):
-            continue
+    for dataset in _datasets(sweep, summary):
         kl = kl_display(matched, dataset)
-        body = [to_html(summary_display(summary, dataset, raw.get(dataset))),
+        lines = findings(summary, judged, dataset)
+        body = [pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Verdict", _VERDICT_NOTE),
+                to_html(verdict_display(judged, dataset)),
+                pages.fragment("<ul>{}</ul>", pages.join(
+                    pages.fragment("<li>{}</li>", line) for line in lines)) if lines else "",
+                pages.fragment("<h3>{}</h3>", "Every configuration"),
+                to_html(summary_display(summary, dataset, raw.get(dataset)),
+                        best_cells(summary, dataset, judged)),
                 pages.fragment('<h3>{}</h3><p class="sub">{}</p>',
                                "vs KL-SAE at the nearest mean L0",
                                "Δ FVU < 0 and Δ probe > 0 favour the model. Δ FVU at L0 compares "
                                "the KL-SAE at the sparsity its L0 states."),
                 to_html(kl) if len(kl) else pages.fragment("<p>{}</p>",
                                                             "No non-KL configurations.")]
+        runs = links["runs"].get(dataset, [])
+        if runs:
+            body.append(pages.fragment(
+                "<details><summary>Run reports ({})</summary><p>{}</p></details>", len(runs),
+                pages.join(pages.join([pages.link(h, t), " "]) for t, h in runs)))
         sections.append(pages.Section(dataset, dataset, pages.join(body)))
     plots = [pages.figure(pngs[name], name, caption) for name, caption in FIGURE_FILES.items()
              if name in pngs]
@@ -86,10 +263,14 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs:
                  pages.Section("sweep", "Sweep file", pages.code_block(sweep.text))]
     description = sweep.description.strip()
     title = f"Comparison: {sweep.path.name}"
+    intro = [description, LEGEND] if description else [LEGEND]
+    if links["pages"]:
+        intro.append(pages.fragment("See also: {}", pages.join(
+            pages.join([pages.link(h, t), " "]) for t, h in links["pages"])))
     return pages.render_page(
         title=title, heading=title,
         subtitle=f"{n_done} of {n_runs} runs finished · generated {pages.timestamp()}",
-        intro=[description, LEGEND] if description else [LEGEND], sections=sections)
+        intro=intro, sections=sections)
 
 
 def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
@@ -119,8 +300,38 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
         pngs[name] = figures.figure_to_png_bytes(fig)
         written.append(figures.save_png(fig, sweep_dir / name))
     n_done = len(results)
+    links = related_links(sweep_dir, sweep.datasets, results)
     md = sweep_dir / "comparison.md"
-    write_text(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done))
+    write_text(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done, links))
     page = sweep_dir / "comparison.html"
-    write_text(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done))
+    write_text(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done,
+                                     links))
     return [csv, md, page, *written]
+
+
+def publish_page(sweep_dir: Path, sweep: Sweep, runs: list[Run], folder: Path) -> list[Path]:
+    """comparison.md and comparison.html for a published copy in ``folder``.
+
+    Rendered from the sweep folder's results.csv, raw_probe.json and plots (no run is read),
+    with the links that exist from ``folder``: no run reports when ``folder`` has no runs, the
+    gallery and the other dataset's page where they lie beside it.
+    """
+    import pandas as pd
+
+    from sae.sweep.tables import match_kl, summarize_seeds
+
+    results = pd.read_csv(sweep_dir / "results.csv")
+    path = sweep_dir / "raw_probe.json"
+    raw = raw_by_dataset(json.loads(path.read_text()) if path.is_file() else [], runs)
+    raw = {k: v for k, v in raw.items() if isinstance(v, float) and math.isfinite(v)}
+    summary = summarize_seeds(results)
+    matched = match_kl(summary)
+    pngs = {name: (sweep_dir / name).read_bytes() for name in FIGURE_FILES
+            if (sweep_dir / name).is_file()}
+    links = related_links(folder, sweep.datasets, results)
+    n_done = len(results)
+    md, page = folder / "comparison.md", folder / "comparison.html"
+    write_text(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done, links))
+    write_text(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done,
+                                     links))
+    return [md, page]

@@ -13,8 +13,13 @@ is derived from it:
   metrics.json). It equals ``fvu`` for every model with exact zeros; a KL-SAE's sigmoid units
   below the firing threshold still add to its reconstruction, so its L0 understates how many
   units its ``fvu`` uses, and ``fvu_at_l0`` is the fair number to set beside the others' L0;
-- :func:`summary_display` / :func:`kl_display` turn those into tables of text, which
-  :func:`to_markdown` and :func:`to_html` render.
+- :func:`verdict` names, per dataset and L0 band (:data:`L0_BANDS`), the best configuration on
+  each criterion of :data:`CRITERIA` (FVU at L0, probe accuracy, dead units); only
+  configurations with exact zeros (``fvu_at_l0 == fvu``: :func:`exact_zeros`) compete on FVU at
+  L0, since a KL-SAE's FVU at its stated L0 is not the FVU it reports;
+- :func:`summary_display` / :func:`kl_display` / :func:`verdict_display` turn those into tables
+  of text, which :func:`to_markdown` and :func:`to_html` render; :func:`best_cells` says which
+  cells of the summary table hold a band's winner, so both can mark them.
 """
 
 from __future__ import annotations
@@ -27,16 +32,24 @@ import pandas as pd
 
 __all__ = [
     "CONFIG_KEYS",
+    "CRITERIA",
+    "L0_BANDS",
     "RESULT_COLUMNS",
     "SUMMARY_METRICS",
+    "best_cells",
     "config_label",
+    "exact_zeros",
+    "format_criterion",
     "kl_display",
+    "l0_band",
     "match_kl",
     "results_frame",
     "summarize_seeds",
     "summary_display",
     "to_html",
     "to_markdown",
+    "verdict",
+    "verdict_display",
 ]
 
 # A configuration: model is the sweep's name for the entry, kind the sae.run model behind it,
@@ -56,7 +69,21 @@ RESULT_COLUMNS = [
 ]
 
 SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
-                   "probe_accuracy", "l0_ink_corr", "wall_time_s"]
+                   "probe_accuracy", "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
+                   "adaptivity", "wall_time_s"]
+
+# L0 bands (lower, upper]: configurations are only compared with others of similar sparsity
+L0_BANDS: tuple[tuple[float, float], ...] = ((0.0, 20.0), (20.0, 50.0), (50.0, math.inf))
+
+# criterion -> (summary metric, "min" or "max" is best, heading in the summary table)
+CRITERIA = {
+    "FVU at L0": ("fvu_at_l0", "min", "FVU at L0"),
+    "probe accuracy": ("probe_accuracy", "max", "probe acc. %"),
+    "dead units": ("dead_fraction", "min", "dead %"),
+}
+
+# |fvu_at_l0 - fvu| at or below this: the code has exact zeros (both are the same number)
+_EXACT_TOL = 1e-6
 
 _NAN = float("nan")
 
@@ -88,8 +115,8 @@ def summarize_seeds(results: pd.DataFrame) -> pd.DataFrame:
     if results.empty:
         return pd.DataFrame(columns=columns)
     data = results.copy()
-    for metric in SUMMARY_METRICS:
-        data[metric] = pd.to_numeric(data[metric], errors="coerce")
+    for metric in SUMMARY_METRICS:  # a results.csv of an older version may lack a column
+        data[metric] = pd.to_numeric(data[metric], errors="coerce") if metric in data else _NAN
     grouped = data.groupby(CONFIG_KEYS, sort=False, dropna=False)
     stats = grouped[SUMMARY_METRICS].agg(["mean", "std"])
     stats.columns = [f"{m}_{s}" for m, s in stats.columns]
@@ -135,6 +162,156 @@ def match_kl(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+# --------------------------------------------------------------------------- verdict
+
+
+def _band_label(lo: float, hi: float) -> str:
+    if lo <= 0:
+        return f"L0 ≤ {hi:g}"
+    return f"L0 > {lo:g}" if math.isinf(hi) else f"{lo:g} < L0 ≤ {hi:g}"
+
+
+def l0_band(l0: float) -> str | None:
+    """The label of the band of :data:`L0_BANDS` holding a mean L0 ('L0 ≤ 20', '20 < L0 ≤ 50',
+    'L0 > 50'); None when L0 is missing."""
+    if not _finite(l0):
+        return None
+    for lo, hi in L0_BANDS:
+        if float(l0) <= hi and (float(l0) > lo or lo == L0_BANDS[0][0]):
+            return _band_label(lo, hi)
+    return None
+
+
+def exact_zeros(summary: pd.DataFrame) -> pd.Series:
+    """Per configuration: does its code have exact zeros, i.e. is its FVU at L0 its FVU?
+
+    Models with exact zeros reconstruct from only the units L0 counts, so both numbers are one;
+    a KL-SAE's sigmoid units below the firing threshold still reconstruct, so its FVU at L0 is
+    larger. A missing FVU at L0 counts as not shown to be exact.
+    """
+    at_l0 = pd.to_numeric(summary["fvu_at_l0_mean"], errors="coerce")
+    plain = pd.to_numeric(summary["fvu_mean"], errors="coerce")
+    return ((at_l0 - plain).abs() <= _EXACT_TOL).fillna(False).astype(bool)
+
+
+_VERDICT_COLUMNS = ["dataset", "band", "criterion", "metric", "n_candidates", "winners",
+                    "winner", "score", "score_std", "runner_up", "runner_up_score", "margin",
+                    "clear", "excluded"]
+
+
+def verdict(summary: pd.DataFrame) -> pd.DataFrame:
+    """The best configuration per dataset, L0 band and criterion, from the seed means.
+
+    For each dataset, each band of :data:`L0_BANDS` holding at least one configuration (by its
+    mean L0) and each criterion of :data:`CRITERIA`, the configurations of the band with a
+    finite mean compete: lowest FVU at L0, highest probe accuracy, fewest dead units. Only
+    configurations with exact zeros (:func:`exact_zeros`) compete on FVU at L0; the others are
+    named in ``excluded``. Equal means (a tie, e.g. 0 % dead) all win.
+
+    Returns:
+        One row per (dataset, band, criterion) with candidates: ``n_candidates``, ``winners``
+        (list of ``summary`` index labels), ``winner`` (text: model and λ or k, ties joined by
+        ", "), ``score`` / ``score_std`` (the winner's mean and seed std), ``runner_up`` and
+        ``runner_up_score`` (the best non-winner, '' and NaN when none), ``margin`` (absolute
+        gap to it), ``clear`` (the margin exceeds both seed stds; NaN when not measurable) and
+        ``excluded`` (configurations of the band left out, as text). Bands follow
+        :data:`L0_BANDS`, datasets their order in ``summary``.
+    """
+    rows = []
+    if summary.empty:
+        return pd.DataFrame(rows, columns=_VERDICT_COLUMNS)
+    bands = summary["l0_mean_mean"].map(l0_band)
+    exact = exact_zeros(summary)
+    labels = [_band_label(lo, hi) for lo, hi in L0_BANDS]
+    for dataset in dict.fromkeys(summary["dataset"]):
+        for band in labels:
+            in_band = summary[(summary["dataset"] == dataset) & (bands == band)]
+            if in_band.empty:
+                continue
+            for criterion, (metric, better, _) in CRITERIA.items():
+                means = pd.to_numeric(in_band[f"{metric}_mean"], errors="coerce")
+                eligible = means.notna()
+                excluded = []
+                if metric == "fvu_at_l0":
+                    excluded = [_name(in_band.loc[i]) for i in in_band.index
+                                if eligible[i] and not exact[i]]
+                    eligible &= exact[in_band.index]
+                if not eligible.any():
+                    continue
+                scores = means[eligible]
+                best = scores.min() if better == "min" else scores.max()
+                winners = list(scores.index[(scores - best).abs() <= 1e-12])
+                others = scores.drop(winners)
+                out = {"dataset": dataset, "band": band, "criterion": criterion,
+                       "metric": metric, "n_candidates": int(eligible.sum()),
+                       "winners": winners,
+                       "winner": ", ".join(_name(summary.loc[i]) for i in winners),
+                       "score": float(best),
+                       "score_std": float(summary.loc[winners[0], f"{metric}_std"]),
+                       "runner_up": "", "runner_up_score": _NAN, "margin": _NAN,
+                       "clear": _NAN, "excluded": ", ".join(excluded)}
+                if len(others):
+                    second = others.idxmin() if better == "min" else others.idxmax()
+                    margin = abs(float(others[second]) - float(best))
+                    spread = [float(summary.loc[i, f"{metric}_std"]) for i in (winners[0], second)]
+                    out.update(runner_up=_name(summary.loc[second]),
+                               runner_up_score=float(others[second]), margin=margin,
+                               clear=(margin > max(spread)) if all(map(_finite, spread))
+                               else _NAN)
+                rows.append(out)
+    return pd.DataFrame(rows, columns=_VERDICT_COLUMNS)
+
+
+def _name(row: pd.Series) -> str:
+    """'sparsemax λ = 0.01 (L0 19.2)': a configuration as the verdict names it; its L0 shows
+    how it sits within its band."""
+    return (f"{row['model']} {config_label(row['param'], row['value'])} "
+            f"(L0 {_pm(row['l0_mean_mean'], _NAN, '.1f')})")
+
+
+def best_cells(summary: pd.DataFrame, dataset: str,
+               judged: pd.DataFrame | None = None) -> set[tuple[int, str]]:
+    """Cells of :func:`summary_display` ``(row position, column heading)`` holding a winner of
+    the verdict (``judged``, computed from ``summary`` when not given)."""
+    judged = verdict(summary) if judged is None else judged
+    positions = {label: i for i, label in
+                 enumerate(summary.index[summary["dataset"] == dataset])}
+    cells = set()
+    for _, row in judged[judged["dataset"] == dataset].iterrows():
+        head = CRITERIA[row["criterion"]][2]
+        cells |= {(positions[i], head) for i in row["winners"] if i in positions}
+    return cells
+
+
+def format_criterion(metric: str, value: float) -> str:
+    """A verdict value as text: FVU at 4 decimals, probe accuracy and dead units in percent."""
+    if metric in ("probe_accuracy", "dead_fraction"):
+        return _pm(value, _NAN, ".2f" if metric == "probe_accuracy" else ".1f", 100.0, " %")
+    return _pm(value, _NAN, ".4f")
+
+
+def verdict_display(judged: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """The verdict of one dataset as a text table: band, criterion, best, runner-up, margin."""
+    rows = []
+    for _, row in judged[judged["dataset"] == dataset].iterrows():
+        metric = row["metric"]
+        margin = "–"
+        if _finite(row["margin"]):
+            # a difference of percentages is in points
+            margin = format_criterion(metric, row["margin"]).replace(" %", " points")
+            if row["clear"] is True or row["clear"] is False:
+                margin += " (beyond seed std)" if row["clear"] else " (within seed std)"
+        rows.append({
+            "L0 band": row["band"], "criterion": row["criterion"], "best": row["winner"],
+            "value": format_criterion(metric, row["score"]),
+            "runner-up": row["runner_up"] or "–",
+            "runner-up value": format_criterion(metric, row["runner_up_score"]),
+            "margin": margin,
+        })
+    return pd.DataFrame(rows, columns=["L0 band", "criterion", "best", "value", "runner-up",
+                                       "runner-up value", "margin"])
+
+
 # --------------------------------------------------------------------------- text tables
 
 
@@ -170,6 +347,10 @@ _SUMMARY_CELLS = {
     "L0 std": ("l0_std", ".1f", 1.0, ""),
     "dead %": ("dead_fraction", ".1f", 100.0, ""),
     "probe acc. %": ("probe_accuracy", ".2f", 100.0, ""),
+    "recon bias": ("recon_bias", ".3f", 1.0, ""),
+    "support FVU": ("support_fvu", ".4f", 1.0, ""),
+    "adaptive gain": ("adaptive_gain", ".4f", 1.0, ""),
+    "adaptivity": ("adaptivity", ".2f", 1.0, ""),
     "train time": ("wall_time_s", ".0f", 1.0, " s"),
 }
 
@@ -220,22 +401,30 @@ def _is_number_text(text: str) -> bool:
     return bool(head) and head.replace(".", "", 1).isdigit()
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    """A GitHub-flavoured markdown table; number columns are right-aligned."""
+def to_markdown(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()) -> str:
+    """A GitHub-flavoured markdown table; number columns are right-aligned, cells of ``best``
+    (row position, column heading) bold."""
     heads = [str(c) for c in table.columns]
     body = [[str(v).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
     numeric = [bool(body) and all(_is_number_text(r[i]) or r[i] == "–" for r in body)
                for i in range(len(heads))]
+    for r, row in enumerate(body):
+        for i, head in enumerate(heads):
+            if (r, head) in best:
+                row[i] = f"**{row[i]}**"
     lines = ["| " + " | ".join(heads) + " |",
              "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     return "\n".join(lines)
 
 
-def to_html(table: pd.DataFrame):
+def to_html(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()):
     """An HTML ``<table>`` (:func:`sae.pages.table`: escaped text; number cells get class
-    ``num``)."""
+    ``num``; cells of ``best``, (row position, column heading), are marked ``best``)."""
     from sae import pages
 
-    return pages.table(table.columns, table.itertuples(index=False),
-                       cell_class=lambda _, text: "num" if _is_number_text(text) else None)
+    heads = [str(c) for c in table.columns]
+    marked = {(r, heads.index(head)) for r, head in best if head in heads}
+    return pages.table(heads, table.itertuples(index=False),
+                       cell_class=lambda _, text: "num" if _is_number_text(text) else None,
+                       best=marked)
