@@ -90,8 +90,8 @@ from sae.sweep.launch import (
     uses_gpu,
     visible_gpus,
 )
-from sae.sweep.render import FIGURE_FILES, write_outputs
-from sae.sweep.spec import Run, load_sweep, plan
+from sae.sweep.render import FIGURE_FILES, publish_page, write_outputs
+from sae.sweep.spec import Run, Sweep, load_sweep, plan
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,13 +139,21 @@ def check_publish_dir(folder: Path) -> None:
                              f"({other[0]}, ...); choose an empty or new folder")
 
 
-def publish(sweep_dir: Path, folder: Path) -> list[Path]:
-    """Copy the sweep's outputs (not its runs) to folder; returns the copies."""
+def publish(sweep_dir: Path, folder: Path, sweep: Sweep | None = None,
+            runs: list[Run] | None = None) -> list[Path]:
+    """Copy the sweep's outputs (not its runs) to folder; returns the copies.
+
+    With the sweep and its runs, the comparison pages are rendered again for ``folder``, so
+    that they link only what exists there (no run reports; the gallery and the other data set's
+    page where they lie beside it).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     copies = []
     for name in PUBLISHED:
         if (sweep_dir / name).is_file():
             copies.append(copy_file(sweep_dir / name, folder / name))
+    if sweep is not None and runs is not None and (sweep_dir / "results.csv").is_file():
+        publish_page(sweep_dir, sweep, runs, folder)
     return copies
 
 
@@ -210,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
             f" in {args.out}")
         if args.publish is not None:
-            say(f"published {len(publish(args.out, args.publish))} files to {args.publish}")
+            copies = publish(args.out, args.publish, sweep, runs)
+            say(f"published {len(copies)} files to {args.publish}")
     if failed:
         print(f"error: {failed} of {len(runs)} runs failed; see their logs in {args.out / 'logs'}",
               file=sys.stderr)
