@@ -104,6 +104,9 @@ def _raise_terminated(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Ctrl-C (and a sweep's SIGINT) always interrupts, even when started from a shell that
+    # ignores SIGINT for its background jobs (the ignored disposition would be inherited)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:

@@ -188,7 +188,9 @@ class RunPool:
         """Start no more runs, interrupt the running ones and wait for them to exit.
 
         SIGINT, like Ctrl-C in a terminal, lets sae.run stop cleanly with its last checkpoint
-        intact, so the next invocation resumes it; a run that does not stop in 60 s is killed.
+        intact, so the next invocation resumes it; a process still running after 10 s (one
+        that ignores SIGINT) gets SIGTERM, which sae.run also handles cleanly, and one still
+        running 30 s later is killed.
         """
         with self.lock:
             self.stopping = True
@@ -197,11 +199,14 @@ class RunPool:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+            for proc in procs:
+                try:
+                    proc.wait(timeout=wait_s)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(sig)
         for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            proc.wait()
         self.executor.shutdown(wait=True)
 
 
