@@ -195,7 +195,7 @@ def lightning_step_ms(name: str, dm, mean: torch.Tensor, data_var: float, steps:
 def step_rows(data_dir: str, steps: int, warm: int) -> list[tuple]:
     from sae.config import MODELS
     from sae.data import ImageDataModule
-    from sae.run import quiet_lightning
+    from sae.training import quiet_lightning
 
     quiet_lightning()
     dm = ImageDataModule("mnist", data_dir, batch_size=BATCH)

@@ -82,7 +82,7 @@ def _bounded(s: Setting, value):
     return value
 
 
-def _number(s: Setting, value, text: bool):
+def _number(s: Setting, value):
     kind = int if s.type == "int" else float
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, "
@@ -142,7 +142,7 @@ def convert(s: Setting, value, text: bool = False):
             raise ValueError(f"takes true or false, got {value!r}")
         return value
     if s.type in ("int", "float"):
-        return _number(s, value, text)
+        return _number(s, value)
     if s.type == "devices":
         return _devices(value)
     if isinstance(value, bool) or not isinstance(value, str | int | float):

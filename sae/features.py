@@ -667,7 +667,7 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     from sae.data import CLASS_NAMES, load_arrays, to_float
     from sae.embedding import embedding_figure
     from sae.figures import save_png
-    from sae.models import encode_dataset, load_checkpoint
+    from sae.models import encode_dataset, model_from_checkpoint
 
     dataset = str(config.get("dataset", "mnist"))
     arrays = load_arrays(dataset, data_dir if data_dir is not None else config.get("data_dir"))
@@ -676,8 +676,8 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
         if limit:
             images, labels = images[:int(limit)], labels[:int(limit)]
     try:
-        model = load_checkpoint(ckpt)
-        epoch = int(read_checkpoint(ckpt).get("epoch", 0))
+        state = read_checkpoint(ckpt)
+        model, epoch = model_from_checkpoint(state), int(state.get("epoch", 0))
     except (CheckpointError, OSError, RuntimeError, KeyError) as exc:
         raise RunFolderError(f"cannot load {ckpt}: {exc}") from None
     x = to_float(images)

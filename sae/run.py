@@ -29,12 +29,11 @@ from dataclasses import fields
 from pathlib import Path
 
 from sae.cli import UsageError, build_parser, config_file_dict, resolve_settings
-from sae.config import DATASETS, SAEConfig
+from sae.config import SAEConfig
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "check_settings", "main", "model_config",
            "resolve_settings"]
 
-DATASET_CHOICES = DATASETS
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130

@@ -28,6 +28,7 @@ from sae.models.topk import TopKSAE
 __all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS", "MODEL_CLASSES",
            "NonFiniteLossError", "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE",
            "build_model", "decode_dataset", "encode_dataset", "load_checkpoint",
+           "model_from_checkpoint",
            "training_callbacks"]
 
 MODEL_CLASSES: dict[str, type[SparseAutoencoder]] = {
@@ -87,7 +88,12 @@ def load_checkpoint(path: str | Path,
     ({"config": {...}, "data_var": v}) and ``state_dict``; keys a newer config does not know
     are ignored, missing ones take defaults.
     """
-    state = read_checkpoint(path, map_location=map_location)
+    return model_from_checkpoint(read_checkpoint(path, map_location=map_location))
+
+
+def model_from_checkpoint(state: dict) -> SparseAutoencoder:
+    """The SAE, in eval mode, of a checkpoint already read with ``read_checkpoint`` (callers
+    that also want its step or epoch read the file once)."""
     hp = state["hyper_parameters"]
     model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
     model.load_state_dict(state["state_dict"])

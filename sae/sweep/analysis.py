@@ -95,12 +95,13 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     from sae import metrics
     from sae.checkpoints import read_checkpoint
     from sae.evaluate import dynamic_measures
-    from sae.models import encode_dataset, load_checkpoint
+    from sae.models import encode_dataset, model_from_checkpoint
 
     settings = read_settings_file(folder / "config.yaml")
     settings = {**defaults(), **settings}
     ckpt = folder / "checkpoints" / "last.ckpt"
-    model = load_checkpoint(ckpt)
+    state = read_checkpoint(ckpt)
+    model = model_from_checkpoint(state)
     dm = data.get(settings)
     _, train_codes = encode_dataset(model, dm.train_x)
     _, test_codes = encode_dataset(model, dm.test_x)
@@ -120,7 +121,7 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
         "class_l0_mean": class_l0,
         "fire_threshold": float(model.fire_threshold),
         # last.ckpt is written at the last validation, which can precede the final step
-        "checkpoint_step": int(read_checkpoint(ckpt).get("global_step", -1)),
+        "checkpoint_step": int(state.get("global_step", -1)),
         "n_train": len(dm.train_x),
         "n_test": len(dm.test_x),
         **dynamic_measures(model, dm.test_x, test_codes, dm.train_x),
