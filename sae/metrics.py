@@ -56,6 +56,7 @@ __all__ = [
     "DYNAMIC_KEYS",
     "DYNAMIC_SUBSET",
     "PCA",
+    "PROBE_LOSSES",
     "SPARSE_DENSITY",
     "SUMMARY_KEYS",
     "ProbeResult",
@@ -74,6 +75,8 @@ __all__ = [
     "mse",
     "pca_residual",
     "principal_components",
+    "probe_loss",
+    "probe_probabilities",
     "raw_pixel_baseline",
     "recon_bias",
     "summarize",
@@ -782,6 +785,9 @@ class ProbeResult:
     sparse: bool
     weight: torch.Tensor
     bias: torch.Tensor
+    loss: str = "softmax"
+    test_support: float = float("nan")
+    """Mean number of classes with nonzero probability on the test set (C under softmax)."""
 
     def predict(self, features: torch.Tensor) -> torch.Tensor:
         """Predicted classes [N] of features [N, D]."""
@@ -791,6 +797,46 @@ class ProbeResult:
 
 SPARSE_DENSITY = 0.05
 """``linear_probe`` uses sparse products when at most this fraction of features is nonzero."""
+
+PROBE_LOSSES = ("softmax", "sparsemax")
+"""The losses ``linear_probe`` can fit: multinomial logistic, or the sparsemax loss."""
+
+
+def probe_probabilities(logits: torch.Tensor, loss: str) -> torch.Tensor:
+    """Class probabilities [N, C] of logits [N, C]: softmax, or sparsemax (exact zeros)."""
+    if loss == "softmax":
+        return torch.softmax(logits, dim=1)
+    if loss == "sparsemax":
+        from sae.activations import sparsemax
+        return sparsemax(logits, dim=1)
+    raise ValueError(f"probe loss must be one of {', '.join(PROBE_LOSSES)}, not {loss!r}")
+
+
+def probe_loss(logits: torch.Tensor, target: torch.Tensor, loss: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Per-sample loss [N] of logits [N, C] against integer targets [N], and its gradient [N, C].
+
+    Both losses are Fenchel–Young losses :math:`L(z; y) = \Omega^*(z) + \Omega(e_y) - z_y`
+    (Blondel, Martins & Niculae, 2020), whose gradient is :math:`p(z) - e_y`:
+
+    - ``softmax``: Ω the negative entropy; :math:`L = \log\sum_j e^{z_j} - z_y` (cross-entropy),
+      p = softmax(z).
+    - ``sparsemax`` (Martins & Astudillo, 2016): Ω(p) = ½‖p‖²;
+      :math:`L = \tfrac12 \sum_{j \in S}(z_j^2 - \tau^2) + \tfrac12 - z_y` with S and τ the
+      support and threshold of p = sparsemax(z). L ≥ 0, and L = 0 exactly when p = e_y, which a
+      finite margin reaches: unlike cross-entropy, the loss stops pushing once the true class
+      leads the others by 1.
+    """
+    target = target.reshape(-1, 1).to(torch.long)
+    p = probe_probabilities(logits, loss)
+    if loss == "softmax":
+        per_sample = torch.logsumexp(logits, dim=1) - logits.gather(1, target).squeeze(1)
+    else:
+        # ⟨p, z⟩ − ½‖p‖² = ½ Σ_S (z_j² − τ²), written without τ
+        per_sample = (p * logits).sum(1) - 0.5 * p.square().sum(1) + 0.5 \
+            - logits.gather(1, target).squeeze(1)
+    grad = p.scatter_add(1, target, torch.full_like(target, -1, dtype=p.dtype))
+    return per_sample, grad
 
 
 def _column_mean_std(x: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
@@ -837,6 +883,16 @@ def _products(x: torch.Tensor, sparse: bool) -> tuple[Callable, Callable]:
     return (lambda w: xs @ w), (lambda g: xt @ g)
 
 
+def _support(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, loss: str,
+             chunk: int = 16384) -> float:
+    """Mean number of classes with nonzero probability over the rows of x."""
+    total = 0
+    for i in range(0, x.shape[0], chunk):
+        logits = x[i:i + chunk].to(device=w.device, dtype=w.dtype) @ w + b
+        total += int((probe_probabilities(logits, loss) > 0).sum())
+    return total / x.shape[0] if x.shape[0] else float("nan")
+
+
 def _accuracy(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
               chunk: int = 16384) -> float:
     correct = 0
@@ -860,12 +916,16 @@ def linear_probe(
     sparse: bool | None = None,
     history_size: int = 20,
     dtype: torch.dtype = torch.float32,
+    loss: str = "softmax",
 ) -> ProbeResult:
     """Linear probe: multinomial logistic regression on train features, scored on test features.
 
     Minimises, over W [D, C] and b [C],
 
-        (1/N) Σ_n CE(softmax(z_n W + b), y_n) + (weight_decay / 2) ‖W‖²_F,
+        (1/N) Σ_n L(z_n W + b; y_n) + (weight_decay / 2) ‖W‖²_F,
+
+    with L the cross-entropy of softmax (``loss="softmax"``) or the sparsemax loss
+    (``loss="sparsemax"``, whose class probabilities have exact zeros; see :func:`probe_loss`).
 
     where z_n are the features standardised with the *train* mean and (population) std (constant
     features get std 1, so they never produce NaN; ``standardize=False`` uses the raw features).
@@ -904,11 +964,15 @@ def linear_probe(
         sparse: use sparse products; default (None) decides by the density of the train features.
         history_size: L-BFGS memory.
         dtype: dtype of the optimisation (float32 or float64).
+        loss: ``"softmax"`` or ``"sparsemax"`` (:data:`PROBE_LOSSES`).
 
     Returns:
         ``ProbeResult`` with train / test accuracy, final training objective, iterations used,
-        whether sparse products were used, and the weights in raw feature space.
+        whether sparse products were used, the weights in raw feature space, and the mean number
+        of classes with nonzero test probability.
     """
+    if loss not in PROBE_LOSSES:
+        raise ValueError(f"probe loss must be one of {', '.join(PROBE_LOSSES)}, not {loss!r}")
     xtr, xte = _flat(train_features, "train_features"), _flat(test_features, "test_features")
     ytr = train_labels.reshape(-1).to(device=xtr.device, dtype=torch.long)
     yte = test_labels.reshape(-1).to(device=xte.device, dtype=torch.long)
@@ -941,8 +1005,6 @@ def linear_probe(
     w0 = torch.randn(d, n_classes, generator=gen, dtype=torch.float64) * (0.01 / math.sqrt(d))
     w = w0.to(device=xtr.device, dtype=dtype).requires_grad_(True)
     b = torch.zeros(n_classes, device=xtr.device, dtype=dtype, requires_grad=True)
-    target = ytr.unsqueeze(1)  # [N, 1]
-    minus_one = torch.full((n, 1), -1.0, dtype=dtype, device=xtr.device)
 
     def raw_params() -> tuple[torch.Tensor, torch.Tensor]:
         # z W + b with z = (x − μ)/σ equals x (W/σ) + (b − (μ/σ) W)
@@ -951,12 +1013,12 @@ def linear_probe(
     def objective() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Loss, dLoss/dW [D, C], dLoss/db [C]."""
         w_raw, b_raw = raw_params()
-        log_p = torch.log_softmax(forward(w_raw) + b_raw, dim=1)  # [N, C]
-        loss = -log_p.gather(1, target).sum() / n + 0.5 * weight_decay * w.square().sum()
-        g = log_p.exp_().scatter_add_(1, target, minus_one).div_(n)  # dLoss/dlogits [N, C]
+        per_sample, g = probe_loss(forward(w_raw) + b_raw, ytr, loss)  # [N], [N, C]
+        value = per_sample.sum() / n + 0.5 * weight_decay * w.square().sum()
+        g = g.div_(n)  # dLoss/dlogits
         g_b = g.sum(dim=0)
         g_w = backward(g) * scale.unsqueeze(1) - shift.unsqueeze(1) * g_b + weight_decay * w
-        return loss, g_w.contiguous(), g_b
+        return value, g_w.contiguous(), g_b
 
     opt = torch.optim.LBFGS(
         [w, b], lr=1.0, max_iter=max_iter, history_size=history_size,
@@ -969,16 +1031,18 @@ def linear_probe(
 
     opt.step(closure)
     with torch.no_grad():
-        loss = float(objective()[0])
+        final = float(objective()[0])
         w_raw, b_raw = raw_params()
         return ProbeResult(
             test_accuracy=_accuracy(xte, yte, w_raw, b_raw),
             train_accuracy=_accuracy(xtr, ytr, w_raw, b_raw),
-            train_loss=loss,
+            train_loss=final,
             n_iter=int(opt.state[w].get("n_iter", 0)),
             sparse=sparse,
             weight=w_raw.clone(),
             bias=b_raw.clone(),
+            loss=loss,
+            test_support=_support(xte, w_raw, b_raw, loss),
         )
 
 

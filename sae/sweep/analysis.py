@@ -5,7 +5,8 @@ training and test images and records (in ``analysis.json``, cached until ``metri
 changes or :data:`ANALYSIS_VERSION` moves on):
 
 - the linear probe's test accuracy (``sae.metrics.linear_probe``: train-set codes -> test-set
-  codes);
+  codes), under both probe losses: softmax (cross-entropy) and sparsemax (the Fenchel–Young loss
+  paired with sparsemax), with the mean number of classes the sparsemax probe leaves nonzero;
 - the mean L0 of each class on the test set;
 - the Pearson correlation between a test input's L0 and its ink (sum of pixels; undefined,
   stored as null, when L0 or ink is constant).
@@ -27,7 +28,8 @@ from sae.sweep.spec import Run
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
            "pearson", "raw_by_dataset", "raw_probes"]
 
-ANALYSIS_VERSION = 2  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
+ANALYSIS_VERSION = 3  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
+#                      3: the sparsemax-loss probe beside the softmax one
 SPLIT_KEYS = ("dataset", "val_size", "limit_train", "limit_test")  # settings naming a data split
 
 
@@ -106,6 +108,8 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     _, train_codes = encode_dataset(model, dm.train_x)
     _, test_codes = encode_dataset(model, dm.test_x)
     probe = metrics.linear_probe(train_codes, dm.train_y, test_codes, dm.test_y, seed=0)
+    sparse_probe = metrics.linear_probe(train_codes, dm.train_y, test_codes, dm.test_y, seed=0,
+                                        loss="sparsemax")
     test_l0 = metrics.l0(test_codes, model.fire_threshold).to(torch.int32).numpy()
     labels = dm.test_y.numpy()
     class_l0 = [float(test_l0[labels == c].mean()) if (labels == c).any() else None
@@ -115,6 +119,9 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
         "probe_accuracy": probe.test_accuracy,
         "probe_train_accuracy": probe.train_accuracy,
         "probe_iterations": probe.n_iter,
+        "probe_sparsemax_accuracy": sparse_probe.test_accuracy,
+        "probe_sparsemax_train_accuracy": sparse_probe.train_accuracy,
+        "probe_sparsemax_classes": sparse_probe.test_support,
         "l0_ink_corr": pearson(test_l0, metrics.ink(dm.test_x).numpy()),
         "l0_mean": float(test_l0.mean()) if test_l0.size else None,
         "class_names": list(dm.class_names),
@@ -141,13 +148,17 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
     have = {tuple(r.get(k) for k in SPLIT_KEYS): r for r in cached}
     for run in runs:
         key = tuple(run.settings.get(k) for k in SPLIT_KEYS)
-        if key in have:
+        if key in have and "sparsemax_test_accuracy" in have[key]:
             continue
         dm = data.get(run.settings)
         probe = metrics.linear_probe(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0)
+        sparse_probe = metrics.linear_probe(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0,
+                                            loss="sparsemax")
         have[key] = {**dict(zip(SPLIT_KEYS, key, strict=True)), "n_train": len(dm.train_x),
                      "n_test": len(dm.test_x), "test_accuracy": probe.test_accuracy,
-                     "train_accuracy": probe.train_accuracy}
+                     "train_accuracy": probe.train_accuracy,
+                     "sparsemax_test_accuracy": sparse_probe.test_accuracy,
+                     "sparsemax_classes": sparse_probe.test_support}
         write_json(path, list(have.values()))
     return list(have.values())
 
@@ -187,7 +198,9 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
                "param": run.param, "value": run.value}
         records.append({**metrics, **key, "seed": run.seed, "run": str(run.rel),
                         **{k: a.get(k) for k in ("probe_accuracy", "probe_train_accuracy",
-                                                 "l0_ink_corr", "checkpoint_step",
+                                                 "probe_sparsemax_accuracy",
+                                                 "probe_sparsemax_classes", "l0_ink_corr",
+                                                 "checkpoint_step",
                                                  "support_fvu", "support_fvu_const",
                                                  "adaptive_gain", "adaptivity")}})
         label = config_label(run.param, run.value)
