@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 __all__ = [
-    "DATASETS", "DEAD_GUARDS", "FIXED_BUDGET", "MODELS", "PRECISIONS", "SECTIONS", "DataConfig",
+    "DATASETS", "DEAD_GUARDS", "FIXED_BUDGET", "MODELS", "PRECISIONS", "PROBE_LOSSES", "SECTIONS",
+    "DataConfig",
     "HardwareConfig", "OutputConfig", "RunFolderConfig", "SAEConfig", "TrainConfig", "setting",
 ]
 
@@ -25,6 +26,7 @@ MODELS = ("l1", "kl", "sparsemax", "entmax", "topk", "batchtopk", "jumprelu")
 FIXED_BUDGET = ("topk", "batchtopk")  # k sets the (mean) L0; λ is not used
 DEAD_GUARDS = ("none", "resample", "auxk")
 DATASETS = ("mnist", "fashion-mnist")
+PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitted with
 # what Lightning's Trainer(precision=...) accepts
 PRECISIONS = ("64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true",
               "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sae.config import PROBE_LOSSES
+
 __all__ = [
     "DYNAMIC_KEYS",
     "DYNAMIC_SUBSET",
@@ -798,8 +800,6 @@ class ProbeResult:
 SPARSE_DENSITY = 0.05
 """``linear_probe`` uses sparse products when at most this fraction of features is nonzero."""
 
-PROBE_LOSSES = ("softmax", "sparsemax")
-"""The losses ``linear_probe`` can fit: multinomial logistic, or the sparsemax loss."""
 
 
 def probe_probabilities(logits: torch.Tensor, loss: str) -> torch.Tensor:

@@ -64,7 +64,9 @@ def test_presets_are_valid(preset):
     runs = spec.plan(sweep)  # every combination checked by sae.run's own parser
     per_dataset = sum(len(e.grid or (None,)) for e in sweep.models)
     assert len(runs) == len(sweep.datasets) * per_dataset * len(sweep.seeds)
-    assert {e.kind for e in sweep.models} == set(MODELS)
+    # every model, except the KL-SAE (no exact zeros) in the wide preset
+    expected = set(MODELS) - ({"kl"} if preset.stem == "wide" else set())
+    assert {e.kind for e in sweep.models} == expected
     parser = build_parser(suppress=True)
     for run in runs:
         parsed = vars(parser.parse_args(run.argv))  # every setting is a valid sae.run flag
@@ -73,8 +75,10 @@ def test_presets_are_valid(preset):
     if preset.stem == "quick":
         assert set(sweep.datasets) == {"mnist", "fashion-mnist"} and len(sweep.seeds) == 1
         assert all(len(e.grid) == 2 for e in sweep.models)
-    else:
-        assert len(sweep.seeds) >= 3 and all(len(e.grid) >= 3 for e in sweep.models)
+    if preset.stem in ("mnist", "fashion-mnist"):  # the published comparisons: three seeds
+        assert len(sweep.seeds) == 3 and all(len(e.grid) == 3 for e in sweep.models)
+    if preset.stem == "wide":
+        assert all(r.settings["hidden"] == 4096 for r in runs) and len(sweep.seeds) == 1
 
 
 def test_presets_exist():
@@ -103,6 +107,7 @@ def test_plan_layers_common_model_and_grid(tmp_path):
     ("- a\n- b\n", "mapping"),
     ("datasets: [mnist]\nseeds: [0]\nmodels: {l1: {}}\nbudget: 3\n", "unknown key 'budget'"),
     ("datasets: [cifar]\nseeds: [0]\nmodels: {l1: {}}\n", "unknown dataset"),
+    ("datasets: [mnist]\nseeds: [0]\nmodels: {l1: {}}\nprobe_loss: hinge\n", "probe_loss"),
     ("datasets: [mnist]\nseeds: 3\nmodels: {l1: {}}\n", "seeds"),
     ("datasets: [mnist]\nseeds: [-1]\nmodels: {l1: {}}\n", "seeds"),
     ("datasets: [mnist]\nseeds: [0]\nmodels: {}\n", "models"),
@@ -273,6 +278,8 @@ def results(rows):
     for r in records:
         r.update(mse=r["fvu"] / 10, l0_std=1.0, dead_fraction=0.1, wall_time_s=60.0,
                  l0_ink_corr=0.5,
+                 # the sparsemax-loss probe ranks the other way round
+                 probe_sparsemax_accuracy=1.9 - r["probe_accuracy"], probe_sparsemax_classes=1.5,
                  # like a KL-SAE, whose sub-threshold units also reconstruct
                  fvu_at_l0=r["fvu"] + (0.5 if r["kind"] == "kl" else 0.0))
     return tables.results_frame(records)
@@ -459,8 +466,9 @@ def test_comparison_page_states_the_verdict_and_findings(tmp_path):
     sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
     s = verdict_frame()
     (tmp_path / "runs").mkdir()
-    page = render.comparison_html(sweep, s, tables.match_kl(s), {"mnist": 0.926}, {}, 9, 9)
-    md = render.comparison_markdown(sweep, s, tables.match_kl(s), {"mnist": 0.926}, 9, 9)
+    raw = {"mnist": {"probe_accuracy": 0.926}}
+    page = render.comparison_html(sweep, s, tables.match_kl(s), raw, {}, 9, 9)
+    md = render.comparison_markdown(sweep, s, tables.match_kl(s), raw, 9, 9)
     for text in (page, md):
         assert "Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0" in text
         assert "Lowest FVU at L0, per L0 band: topk in 3 of 3" in text
@@ -468,6 +476,36 @@ def test_comparison_page_states_the_verdict_and_findings(tmp_path):
     assert 'class="num best"' in page and "**0.1700**" in md
     lines = render.findings(s, tables.verdict(s), "mnist")
     assert any(line.startswith("Best probe accuracy: L0 ≤ 20: sparsemax") for line in lines)
+
+
+def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
+    s = verdict_frame()
+    soft = winners(tables.verdict(s), "mnist", "L0 ≤ 20", "probe accuracy")
+    judged = tables.verdict(s, "sparsemax")
+    sparse = winners(judged, "mnist", "L0 ≤ 20", "probe accuracy")
+    assert soft["winner"].startswith("sparsemax") and soft["metric"] == "probe_accuracy"
+    assert sparse["winner"].startswith("kl") and sparse["metric"] == "probe_sparsemax_accuracy"
+    assert sparse["score"] == pytest.approx(0.96)
+    raw = {"probe_accuracy": 0.926, "probe_sparsemax_accuracy": 0.91,
+           "probe_sparsemax_classes": 1.7}
+    shown = tables.summary_display(s, "mnist", raw)
+    kl_row = list(shown["model"]).index("kl")
+    best = tables.best_cells(s, "mnist", judged)
+    assert (kl_row, "sparsemax probe %") in best and (kl_row, "probe acc. %") not in best
+    # both probes are tabled whichever one the verdict judges
+    assert shown.loc[kl_row, "probe acc. %"] == "94.00"
+    assert shown.loc[kl_row, "sparsemax probe %"] == "96.00"
+    assert shown.loc[kl_row, "probe classes"] == "1.50"
+    last = shown.iloc[-1]
+    assert last["model"] == "raw pixels" and last["probe acc. %"] == "92.60"
+    assert last["sparsemax probe %"] == "91.00" and last["probe classes"] == "1.70"
+    lines = render.findings(s, judged, "mnist")
+    assert any(line.startswith("Best sparsemax-probe accuracy: L0 ≤ 20: kl") for line in lines)
+    sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", {**TINY, "probe_loss": "sparsemax"}))
+    assert sweep.probe_loss == "sparsemax"
+    assert spec.load_sweep(write_yaml(tmp_path / "t.yaml", TINY)).probe_loss == "softmax"
+    md = render.comparison_markdown(sweep, s, tables.match_kl(s), {"mnist": raw}, 9, 9)
+    assert "Best sparsemax-probe accuracy" in md and "| 91.00 |" in md
 
 
 def test_related_links_exist_or_are_left_out(tmp_path):
@@ -632,6 +670,8 @@ def test_sweep_writes_tables_and_page(finished_sweep):
     assert list(frame.columns) == tables.RESULT_COLUMNS
     assert sorted(frame["model"]) == ["kl", "topk"] and set(frame["seed"]) == {0}
     assert frame["probe_accuracy"].between(0, 1).all() and frame["wall_time_s"].gt(0).all()
+    assert frame["probe_sparsemax_accuracy"].between(0, 1).all()
+    assert frame["probe_sparsemax_classes"].between(1, 10).all()
     for rel in frame["run"]:
         run = out / rel
         assert (run / "metrics.json").is_file()
@@ -644,7 +684,9 @@ def test_sweep_writes_tables_and_page(finished_sweep):
     assert page.count("data:image/png;base64,") == len(render.FIGURE_FILES)
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")
     assert all((out / name).is_file() for name in render.FIGURE_FILES)
-    assert json.loads((out / "raw_probe.json").read_text())[0]["dataset"] == "mnist"
+    raw = json.loads((out / "raw_probe.json").read_text())[0]
+    assert raw["dataset"] == "mnist" and 0 < raw["sparsemax_test_accuracy"] <= 1
+    assert "sparsemax probe %" in md and "probe classes" in md
 
 
 @pytest.mark.slow

@@ -782,3 +782,92 @@ def test_dynamic_sparsity_of_a_topk_code():
                              max_inputs=None)
     assert out["adaptive_gain"] == 0.0 and out["support_fvu"] == out["support_fvu_const"]
     assert out["adaptivity"] is None and out["adaptivity_m"] == k and out["n_inputs"] == 200
+
+
+# ------------------------------------------------------------------------------------------------
+# the probe losses (Fenchel–Young): softmax cross-entropy and the sparsemax loss
+
+
+def sparsemax_loss_reference(z: np.ndarray, y: int) -> tuple[float, np.ndarray]:
+    """Martins & Astudillo (2016), eqs. for the sparsemax loss, by sorting, in float64."""
+    s = np.sort(z)[::-1]
+    cums = np.cumsum(s)
+    ks = np.arange(1, len(z) + 1)
+    k = ks[1 + ks * s > cums].max()
+    tau = (cums[k - 1] - 1) / k
+    p = np.maximum(z - tau, 0.0)
+    support = z > tau
+    loss = 0.5 * np.sum(z[support] ** 2 - tau**2) + 0.5 - z[y]
+    grad = p.copy()
+    grad[y] -= 1
+    return float(loss), grad
+
+
+logit_rows = arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(2, 12)),
+                    elements=st.floats(-5, 5, allow_nan=False, allow_infinity=False))
+
+
+@settings(max_examples=80, deadline=None)
+@given(logit_rows, st.data())
+def test_sparsemax_loss_matches_float64_reference(z, data):
+    y = np.array([data.draw(st.integers(0, z.shape[1] - 1)) for _ in range(z.shape[0])])
+    loss, grad = M.probe_loss(torch.from_numpy(z), torch.from_numpy(y), "sparsemax")
+    assert loss.dtype == torch.float64
+    for i in range(z.shape[0]):
+        ref_loss, ref_grad = sparsemax_loss_reference(z[i], int(y[i]))
+        assert float(loss[i]) == pytest.approx(ref_loss, abs=1e-10)
+        np.testing.assert_allclose(grad[i].numpy(), ref_grad, atol=1e-12)
+    assert bool((loss >= -1e-12).all())  # a Fenchel–Young loss is non-negative
+    np.testing.assert_allclose(grad.sum(1).numpy(), 0.0, atol=1e-12)  # p and e_y both sum to 1
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sparsemax"])
+def test_probe_loss_gradient_is_the_derivative_of_the_loss(loss):
+    g = torch.Generator().manual_seed(0)
+    z = (3 * torch.randn(7, 5, generator=g, dtype=torch.float64)).requires_grad_(True)
+    y = torch.randint(0, 5, (7,), generator=g)
+    # gradcheck compares autograd with finite differences, and the written-out gradient
+    # (p − onehot) with autograd
+    assert torch.autograd.gradcheck(lambda t: M.probe_loss(t, y, loss)[0], (z,))
+    value, grad = M.probe_loss(z, y, loss)
+    (auto,) = torch.autograd.grad(value.sum(), z)
+    torch.testing.assert_close(grad, auto, atol=1e-12, rtol=0)
+
+
+def test_softmax_probe_loss_is_cross_entropy_and_sparsemax_loss_reaches_zero():
+    g = torch.Generator().manual_seed(1)
+    z, y = torch.randn(20, 10, generator=g, dtype=torch.float64), torch.randint(0, 10, (20,))
+    loss, _ = M.probe_loss(z, y, "softmax")
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(z, y, reduction="none"))
+    # the sparsemax loss is exactly 0 once the true class leads every other by a margin of 1,
+    # where cross-entropy is still positive
+    z = torch.zeros(3, 4, dtype=torch.float64)
+    y = torch.tensor([0, 2, 3])
+    z[torch.arange(3), y] = torch.tensor([1.0, 1.5, 4.0], dtype=torch.float64)
+    sparse, grad = M.probe_loss(z, y, "sparsemax")
+    assert torch.equal(sparse, torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert bool((M.probe_loss(z, y, "softmax")[0] > 0).all())
+    with pytest.raises(ValueError, match="probe loss"):
+        M.probe_loss(z, y, "hinge")
+
+
+def test_sparsemax_probe_is_accurate_with_sparse_class_probabilities():
+    xtr, ytr = blobs(100, 10, 20, 1.0, seed=0)
+    xte, yte = blobs(50, 10, 20, 1.0, seed=0, draw=1)
+    soft = M.linear_probe(xtr, ytr, xte, yte)
+    sparse = M.linear_probe(xtr, ytr, xte, yte, loss="sparsemax")
+    assert sparse.loss == "sparsemax" and soft.loss == "softmax"
+    assert sparse.test_accuracy >= 0.99
+    assert soft.test_support == 10.0  # softmax gives every class some probability
+    assert 1.0 <= sparse.test_support < 2.0  # separable blobs: nearly always one class
+    p = M.probe_probabilities(xte @ sparse.weight + sparse.bias, "sparsemax")
+    assert float((p > 0).sum(1).double().mean()) == pytest.approx(sparse.test_support)
+    torch.testing.assert_close(p.sum(1), torch.ones(len(p)))
+    # overlapping blobs: the sparsemax probe keeps several classes where it is unsure
+    xtr, ytr = blobs(60, 5, 30, 40.0, seed=1)
+    xte, yte = blobs(40, 5, 30, 40.0, seed=1, draw=1)
+    unsure = M.linear_probe(xtr, ytr, xte, yte, loss="sparsemax")
+    assert unsure.test_support > sparse.test_support
+    with pytest.raises(ValueError, match="probe loss"):
+        M.linear_probe(xtr, ytr, xte, yte, loss="hinge")

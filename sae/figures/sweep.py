@@ -238,29 +238,37 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
 
 
 @styled
-def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None) -> Figure:
+def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None,
+                probe_loss: str = "softmax") -> Figure:
     """Linear-probe test accuracy of the codes against mean L0, one line per model.
 
     Args:
         summary: one row per configuration with columns ``dataset``, ``model``, ``param``,
-            ``value``, ``l0_mean_mean``, ``l0_mean_std``, ``probe_accuracy_mean``,
-            ``probe_accuracy_std``.
-        raw_probe: dataset -> probe accuracy on raw pixels, drawn as a dashed horizontal line.
+            ``value``, ``l0_mean_mean``, ``l0_mean_std`` and ``<metric>_mean`` /
+            ``<metric>_std`` for the probe's metric (``probe_accuracy`` for the softmax probe,
+            ``probe_sparsemax_accuracy`` for the sparsemax one).
+        raw_probe: dataset -> the same probe's accuracy on raw pixels, drawn as a dashed
+            horizontal line.
+        probe_loss: which probe: ``"softmax"`` or ``"sparsemax"``.
     """
+    from sae.sweep.tables import PROBE_METRICS
+
+    metric = PROBE_METRICS[probe_loss][0]
     raw_probe = raw_probe or {}
     fig, panels = _l0_panels(
-        summary, "probe_accuracy",
-        "Linear-probe accuracy of the codes vs sparsity (mean ± std over seeds)",
+        summary, metric,
+        f"Linear-probe ({probe_loss} loss) accuracy of the codes vs sparsity "
+        "(mean ± std over seeds)",
         "probe test accuracy")
     colours = _model_colours(list(summary["model"]))
     for ax, dataset, part in panels:
-        if dataset in raw_probe and math.isfinite(raw_probe[dataset]):
+        if raw_probe.get(dataset) is not None and math.isfinite(raw_probe[dataset]):
             ax.axhline(raw_probe[dataset], color="0.3", ls="--", lw=1.0,
                        label=f"raw pixels ({100 * raw_probe[dataset]:.1f}%)")
         if part.empty:
             empty_note(ax, "no probe results")
             continue
-        _place_labels(ax, _metric_vs_l0(ax, part, "probe_accuracy", colours))
+        _place_labels(ax, _metric_vs_l0(ax, part, metric, colours))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.legend(fontsize="small")
     return fig

@@ -19,6 +19,7 @@ finished runs into the frames that the tables and plots take.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from sae.cli import defaults, read_settings_file
@@ -163,15 +164,25 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
     return list(have.values())
 
 
-def raw_by_dataset(raw: list[dict], runs: list[Run]) -> dict[str, float]:
-    """Raw-pixel probe accuracy of each dataset, on the split its runs use (the first run's)."""
+def raw_by_dataset(raw: list[dict], runs: list[Run]) -> dict[str, dict[str, float]]:
+    """The raw-pixel probes of each dataset, on the split its runs use (the first run's).
+
+    Returns dataset -> {summary metric: value} for the metrics a run's probes fill
+    (``probe_accuracy``, and ``probe_sparsemax_accuracy`` / ``probe_sparsemax_classes`` where
+    the cache holds them); values that are not finite numbers are left out.
+    """
+    names = {"test_accuracy": "probe_accuracy",
+             "sparsemax_test_accuracy": "probe_sparsemax_accuracy",
+             "sparsemax_classes": "probe_sparsemax_classes"}
     out = {}
     for run in runs:
         if run.dataset in out:
             continue
         for r in raw:
             if all(r.get(k) == run.settings.get(k) for k in SPLIT_KEYS):
-                out[run.dataset] = r["test_accuracy"]
+                out[run.dataset] = {
+                    name: float(r[key]) for key, name in names.items()
+                    if isinstance(r.get(key), int | float) and math.isfinite(r[key])}
     return out
 
 

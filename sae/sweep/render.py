@@ -16,7 +16,6 @@ report (:func:`publish_page` renders that copy).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,8 +34,9 @@ FIGURE_FILES = {
                      "Pareto frontier. Bottom: models without exact zeros (the KL-SAE), kept "
                      "apart: solid, their FVU, which also uses units their L0 does not count; "
                      "dashed, their FVU when only the units counted in L0 reconstruct.",
-    "probe_vs_l0.png": "Linear-probe test accuracy of the codes against mean L0; the dashed "
-                       "line is the same probe on raw pixels.",
+    "probe_vs_l0.png": "Linear-probe test accuracy of the codes against mean L0 (the probe the "
+                       "sweep file's probe_loss names); the dashed line is the same probe on "
+                       "raw pixels.",
     "l0_distributions.png": "Distribution of the number of active units per test input, one "
                             "panel per model, on one shared L0 axis.",
     "class_l0.png": "Mean L0 per class, relative to each configuration's mean.",
@@ -50,7 +50,10 @@ LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed), on
           "in L0 reconstruct (differs from FVU only for a code without exact zeros, the "
           "KL-SAE, whose sigmoid units below the firing threshold still reconstruct); L0: "
           "active units per test input; dead: units that never fire on the test set; probe: "
-          "linear classifier trained on train-set codes, scored on test-set codes; recon bias: "
+          "linear classifier trained on train-set codes, scored on test-set codes, with the "
+          "softmax (cross-entropy) loss; sparsemax probe: the same with the sparsemax loss, "
+          "whose class probabilities have exact zeros; probe classes: the mean number of "
+          "classes that probe leaves nonzero on a test input (of 10); recon bias: "
           "Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩ (1 = unbiased, below 1 = shrunk towards the mean); "
           "support FVU: the FVU of the least-squares code on each input's own support; adaptive "
           "gain: support FVU with a constant budget of round(mean L0) units minus that with the "
@@ -115,6 +118,8 @@ def findings(summary, judged, dataset: str) -> list[str]:
         sub = part[part["criterion"] == criterion]
         if sub.empty:
             continue
+        if (sub["metric"] == "probe_sparsemax_accuracy").all():
+            verb = "Best sparsemax-probe accuracy"
         items = []
         for _, r in sub.iterrows():
             text = f"{r['band']}: {r['winner']} ({format_criterion(r['metric'], r['score'])})"
@@ -179,7 +184,7 @@ def _datasets(sweep: Sweep, summary) -> list[str]:
     return [d for d in sweep.datasets if d in present]
 
 
-def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, float],
+def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str, float]],
                         n_runs: int, n_done: int, links: dict | None = None) -> str:
     """comparison.md: per dataset the verdict, its findings, the summary table (best cells
     bold) and the "vs KL-SAE" table; links to related pages when ``links`` names any."""
@@ -193,7 +198,7 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, float],
     )
 
     links = links or {"pages": [], "runs": {}}
-    judged = verdict(summary)
+    judged = verdict(summary, sweep.probe_loss)
     parts = [f"# Comparison: {sweep.path.name}", ""]
     if sweep.description:
         parts += [sweep.description.strip(), ""]
@@ -218,7 +223,8 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, float],
     return "\n".join(parts)
 
 
-def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs: dict[str, bytes],
+def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, float]],
+                    pngs: dict[str, bytes],
                     n_runs: int, n_done: int, links: dict | None = None) -> str:
     """comparison.html: the verdict, findings and tables of comparison.md, the plots, the links
     of ``links`` (:func:`related_links`) and the sweep file, one page."""
@@ -233,7 +239,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, float], pngs:
     )
 
     links = links or {"pages": [], "runs": {}}
-    judged = verdict(summary)
+    judged = verdict(summary, sweep.probe_loss)
     sections = []
     for dataset in _datasets(sweep, summary):
         kl = kl_display(matched, dataset)
@@ -277,7 +283,7 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
                   analyses: dict[Path, dict]) -> list[Path]:
     """results.csv, comparison.md/html and the plots; returns the files written."""
     from sae import figures
-    from sae.sweep.tables import match_kl, summarize_seeds
+    from sae.sweep.tables import PROBE_METRICS, match_kl, summarize_seeds
 
     done = [r for r in runs if run_state(sweep_dir / r.rel) == "done"]
     results, l0, per_class = collect(sweep_dir, done, analyses)
@@ -289,7 +295,9 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
     write_text(csv, results.drop(columns="config").to_csv(index=False))
     made = {
         "fvu_vs_l0.png": lambda: figures.fvu_l0_pareto(summary),
-        "probe_vs_l0.png": lambda: figures.probe_vs_l0(summary, raw),
+        "probe_vs_l0.png": lambda: figures.probe_vs_l0(
+            summary, {d: r.get(PROBE_METRICS[sweep.probe_loss][0]) for d, r in raw.items()},
+            sweep.probe_loss),
         "l0_distributions.png": lambda: figures.l0_distributions(l0),
         "class_l0.png": lambda: figures.class_l0_heatmap(per_class),
         "l0_ink_correlation.png": lambda: figures.l0_ink_correlation(results),
@@ -323,7 +331,6 @@ def publish_page(sweep_dir: Path, sweep: Sweep, runs: list[Run], folder: Path) -
     results = pd.read_csv(sweep_dir / "results.csv")
     path = sweep_dir / "raw_probe.json"
     raw = raw_by_dataset(json.loads(path.read_text()) if path.is_file() else [], runs)
-    raw = {k: v for k, v in raw.items() if isinstance(v, float) and math.isfinite(v)}
     summary = summarize_seeds(results)
     matched = match_kl(summary)
     pngs = {name: (sweep_dir / name).read_bytes() for name in FIGURE_FILES

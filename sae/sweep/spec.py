@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sae.cli import UsageError, check_mapping, load_yaml, resolve_settings, to_argv
-from sae.config import DATASETS, FIXED_BUDGET
+from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES
 
 __all__ = ["RUNNER_KEYS", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
            "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
 
-TOP_KEYS = ("description", "datasets", "seeds", "common", "models")
+TOP_KEYS = ("description", "datasets", "seeds", "common", "models", "probe_loss")
 RUNNER_KEYS = {"out", "resume", "overwrite", "config"}  # the runner sets these
 STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets these
 
@@ -59,6 +59,7 @@ class Sweep:
     seeds: tuple[int, ...]
     common: dict
     models: tuple[ModelEntry, ...]
+    probe_loss: str = "softmax"  # the probe the verdict and probe plot judge (both are tabled)
 
 
 @dataclass
@@ -189,8 +190,12 @@ def load_sweep(path: str | Path) -> Sweep:
     if not isinstance(models, dict) or not models:
         raise UsageError(f"{path}: `models` must map model names to their settings and grid")
     entries = tuple(_model_entry(name, entry, path) for name, entry in models.items())
+    probe_loss = data.get("probe_loss", "softmax")
+    if probe_loss not in PROBE_LOSSES:
+        raise UsageError(f"{path}: `probe_loss` must be one of {', '.join(PROBE_LOSSES)}, "
+                         f"not {probe_loss!r}")
     return Sweep(path, text, str(data.get("description") or ""), datasets, seeds, common,
-                 entries)
+                 entries, probe_loss)
 
 
 def plan(sweep: Sweep) -> list[Run]:

@@ -34,10 +34,12 @@ __all__ = [
     "CONFIG_KEYS",
     "CRITERIA",
     "L0_BANDS",
+    "PROBE_METRICS",
     "RESULT_COLUMNS",
     "SUMMARY_METRICS",
     "best_cells",
     "config_label",
+    "criteria",
     "exact_zeros",
     "format_criterion",
     "kl_display",
@@ -63,24 +65,39 @@ RESULT_COLUMNS = [
     "dead_fraction", "dense_fraction", "n_samples", "n_units", "hidden", "lam", "fire_threshold",
     "alpha", "steps", "epochs", "wall_time_s",
     # analysis of the last checkpoint (analysis.json)
-    "probe_accuracy", "probe_train_accuracy", "l0_ink_corr", "checkpoint_step",
+    "probe_accuracy", "probe_train_accuracy", "probe_sparsemax_accuracy",
+    "probe_sparsemax_classes", "l0_ink_corr", "checkpoint_step",
     "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity",
     "run",  # run folder, relative to the sweep folder
 ]
 
 SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
-                   "probe_accuracy", "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
+                   "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes",
+                   "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
                    "adaptivity", "wall_time_s"]
 
 # L0 bands (lower, upper]: configurations are only compared with others of similar sparsity
 L0_BANDS: tuple[tuple[float, float], ...] = ((0.0, 20.0), (20.0, 50.0), (50.0, math.inf))
 
-# criterion -> (summary metric, "min" or "max" is best, heading in the summary table)
-CRITERIA = {
-    "FVU at L0": ("fvu_at_l0", "min", "FVU at L0"),
-    "probe accuracy": ("probe_accuracy", "max", "probe acc. %"),
-    "dead units": ("dead_fraction", "min", "dead %"),
+# probe loss -> (summary metric of its test accuracy, heading in the summary table)
+PROBE_METRICS = {
+    "softmax": ("probe_accuracy", "probe acc. %"),
+    "sparsemax": ("probe_sparsemax_accuracy", "sparsemax probe %"),
 }
+
+
+def criteria(probe_loss: str = "softmax") -> dict[str, tuple[str, str, str]]:
+    """criterion -> (summary metric, "min" or "max" is best, heading in the summary table);
+    the probe criterion judges the probe trained with ``probe_loss``."""
+    metric, head = PROBE_METRICS[probe_loss]
+    return {
+        "FVU at L0": ("fvu_at_l0", "min", "FVU at L0"),
+        "probe accuracy": (metric, "max", head),
+        "dead units": ("dead_fraction", "min", "dead %"),
+    }
+
+
+CRITERIA = criteria()
 
 # |fvu_at_l0 - fvu| at or below this: the code has exact zeros (both are the same number)
 _EXACT_TOL = 1e-6
@@ -199,11 +216,12 @@ _VERDICT_COLUMNS = ["dataset", "band", "criterion", "metric", "n_candidates", "w
                     "clear", "excluded"]
 
 
-def verdict(summary: pd.DataFrame) -> pd.DataFrame:
+def verdict(summary: pd.DataFrame, probe_loss: str = "softmax") -> pd.DataFrame:
     """The best configuration per dataset, L0 band and criterion, from the seed means.
 
     For each dataset, each band of :data:`L0_BANDS` holding at least one configuration (by its
-    mean L0) and each criterion of :data:`CRITERIA`, the configurations of the band with a
+    mean L0) and each criterion of :func:`criteria` (the probe trained with ``probe_loss``), the
+    configurations of the band with a
     finite mean compete: lowest FVU at L0, highest probe accuracy, fewest dead units. Only
     configurations with exact zeros (:func:`exact_zeros`) compete on FVU at L0; the others are
     named in ``excluded``. Equal means (a tie, e.g. 0 % dead) all win.
@@ -228,7 +246,7 @@ def verdict(summary: pd.DataFrame) -> pd.DataFrame:
             in_band = summary[(summary["dataset"] == dataset) & (bands == band)]
             if in_band.empty:
                 continue
-            for criterion, (metric, better, _) in CRITERIA.items():
+            for criterion, (metric, better, _) in criteria(probe_loss).items():
                 means = pd.to_numeric(in_band[f"{metric}_mean"], errors="coerce")
                 eligible = means.notna()
                 excluded = []
@@ -276,17 +294,19 @@ def best_cells(summary: pd.DataFrame, dataset: str,
     judged = verdict(summary) if judged is None else judged
     positions = {label: i for i, label in
                  enumerate(summary.index[summary["dataset"] == dataset])}
+    heads = {metric: head for probe in PROBE_METRICS for metric, _, head in
+             criteria(probe).values()}
     cells = set()
     for _, row in judged[judged["dataset"] == dataset].iterrows():
-        head = CRITERIA[row["criterion"]][2]
+        head = heads[row["metric"]]
         cells |= {(positions[i], head) for i in row["winners"] if i in positions}
     return cells
 
 
 def format_criterion(metric: str, value: float) -> str:
     """A verdict value as text: FVU at 4 decimals, probe accuracy and dead units in percent."""
-    if metric in ("probe_accuracy", "dead_fraction"):
-        return _pm(value, _NAN, ".2f" if metric == "probe_accuracy" else ".1f", 100.0, " %")
+    if metric in ("probe_accuracy", "probe_sparsemax_accuracy", "dead_fraction"):
+        return _pm(value, _NAN, ".1f" if metric == "dead_fraction" else ".2f", 100.0, " %")
     return _pm(value, _NAN, ".4f")
 
 
@@ -347,6 +367,8 @@ _SUMMARY_CELLS = {
     "L0 std": ("l0_std", ".1f", 1.0, ""),
     "dead %": ("dead_fraction", ".1f", 100.0, ""),
     "probe acc. %": ("probe_accuracy", ".2f", 100.0, ""),
+    "sparsemax probe %": ("probe_sparsemax_accuracy", ".2f", 100.0, ""),
+    "probe classes": ("probe_sparsemax_classes", ".2f", 1.0, ""),
     "recon bias": ("recon_bias", ".3f", 1.0, ""),
     "support FVU": ("support_fvu", ".4f", 1.0, ""),
     "adaptive gain": ("adaptive_gain", ".4f", 1.0, ""),
@@ -356,10 +378,12 @@ _SUMMARY_CELLS = {
 
 
 def summary_display(summary: pd.DataFrame, dataset: str,
-                    raw_probe: float | None = None) -> pd.DataFrame:
+                    raw_probe: float | Mapping[str, float] | None = None) -> pd.DataFrame:
     """The per-configuration table of one dataset as text (mean ± std over seeds).
 
-    A last row "raw pixels" holds the raw-pixel probe accuracy when ``raw_probe`` is given.
+    A last row "raw pixels" holds the raw-pixel probes when ``raw_probe`` is given: a mapping
+    from summary metric (``probe_accuracy``, ``probe_sparsemax_accuracy``,
+    ``probe_sparsemax_classes``) to its value, or one number, the softmax probe's accuracy.
     """
     part = summary[summary["dataset"] == dataset]
     rows = []
@@ -369,9 +393,14 @@ def summary_display(summary: pd.DataFrame, dataset: str,
         for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
             cells[head] = _pm(row[f"{metric}_mean"], row[f"{metric}_std"], fmt, scale, unit)
         rows.append(cells)
-    if raw_probe is not None and _finite(raw_probe):
+    raw = {"probe_accuracy": raw_probe} if not isinstance(raw_probe, Mapping) else raw_probe
+    raw = {k: v for k, v in (raw or {}).items() if _finite(v)}
+    if raw:
         cells = dict.fromkeys(["model", "λ / k", "seeds", *_SUMMARY_CELLS], "–")
-        cells.update({"model": "raw pixels", "probe acc. %": f"{100 * raw_probe:.2f}"})
+        cells["model"] = "raw pixels"
+        for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
+            if metric in raw:
+                cells[head] = _pm(raw[metric], _NAN, fmt, scale, unit)
         rows.append(cells)
     return pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS])
 
