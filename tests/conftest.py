@@ -1,9 +1,19 @@
-"""Shared fixtures: the offline datasets beside the repository (or $SAE_DATA_DIR)."""
+"""Shared fixtures: the offline datasets beside the repository (or $SAE_DATA_DIR).
+
+The suite runs on every core (pytest-xdist, ``-n auto --dist loadfile`` in pyproject.toml):
+each worker takes whole test files, so module fixtures (a trained run, a finished sweep) are
+made once, and gets its share of the cores as torch threads, so that workers do not oversubscribe
+the machine (several processes each spinning a thread per core slow each other down many times).
+"""
 
 import os
 from pathlib import Path
 
 import pytest
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("SAE_DATA_DIR", REPO.parent / "shared" / "datasets"))

@@ -478,6 +478,29 @@ def test_comparison_page_states_the_verdict_and_findings(tmp_path):
     assert any(line.startswith("Best probe accuracy: L0 ≤ 20: sparsemax") for line in lines)
 
 
+def test_headline_keeps_each_models_best_setting_per_band():
+    s = summary([
+        ("mnist", "l1", "l1", "lambda", 0.03, 0, 0.28, 13, 0.96),
+        ("mnist", "l1", "l1", "lambda", 0.02, 0, 0.22, 18, 0.96),   # same band, lower FVU
+        ("mnist", "l1", "l1", "lambda", 0.02, 1, 0.24, 19, 0.96),
+        ("mnist", "kl", "kl", "lambda", 1.0, 0, 0.03, 14, 0.94),
+        ("mnist", "topk", "topk", "k", 32, 0, 0.11, 32, 0.973),
+        ("mnist", "topk", "topk", "k", 64, 0, 0.07, 64, 0.97),     # L0 > 50: not a headline
+        ("fashion-mnist", "topk", "topk", "k", 16, 0, 0.12, 16, 0.86),
+    ])
+    head = tables.headline(s)
+    assert list(zip(head["dataset"], head["band"], head["model"], head["value"],
+                    strict=True)) == [
+        ("mnist", "L0 ≤ 20", "l1", 0.02), ("mnist", "L0 ≤ 20", "kl", 1.0),
+        ("mnist", "20 < L0 ≤ 50", "topk", 32), ("fashion-mnist", "L0 ≤ 20", "topk", 16)]
+    shown = tables.headline_display(s, "mnist")
+    assert list(shown["model"]) == ["l1", "kl", "topk"]
+    assert shown.loc[0, "FVU at L0"] == "0.2300" and shown.loc[0, "seeds"] == "2"
+    assert shown.loc[0, "L0"] == "18.5"  # seed means, no ± part
+    assert shown.loc[1, "FVU at L0"] == "0.5300" and shown.loc[1, "FVU"] == "0.0300"
+    assert tables.headline(s.iloc[:0]).empty
+
+
 def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
     s = verdict_frame()
     soft = winners(tables.verdict(s), "mnist", "L0 ≤ 20", "probe accuracy")

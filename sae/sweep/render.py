@@ -68,6 +68,11 @@ _VERDICT_NOTE = ("Configurations compete within an L0 band (by their mean L0). O
                  "std\": the margin to the runner-up is no larger than the seed spread.")
 
 
+_HEADLINE_NOTE = ("The best setting of every model in the two sparsest L0 bands: the one with "
+                  "the lowest FVU at L0 among its settings in the band. Means over seeds; their "
+                  "spread is in the table of every configuration below.")
+
+
 # --------------------------------------------------------------------------- findings
 
 
@@ -190,6 +195,7 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
     bold) and the "vs KL-SAE" table; links to related pages when ``links`` names any."""
     from sae.sweep.tables import (
         best_cells,
+        headline_display,
         kl_display,
         summary_display,
         to_markdown,
@@ -209,6 +215,8 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
         parts += [f"## {dataset}", "", f"### {dataset}: verdict", "", _VERDICT_NOTE, "",
                   to_markdown(verdict_display(judged, dataset)), ""]
         parts += [f"- {line}" for line in findings(summary, judged, dataset)] + [""]
+        parts += [f"### {dataset}: headline", "", _HEADLINE_NOTE, "",
+                  to_markdown(headline_display(summary, dataset)), ""]
         parts += [f"### {dataset}: every configuration", "",
                   to_markdown(summary_display(summary, dataset, raw.get(dataset)),
                               best_cells(summary, dataset, judged)), ""]
@@ -231,6 +239,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
     from sae import pages
     from sae.sweep.tables import (
         best_cells,
+        headline_display,
         kl_display,
         summary_display,
         to_html,
@@ -248,6 +257,8 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
                 to_html(verdict_display(judged, dataset)),
                 pages.fragment("<ul>{}</ul>", pages.join(
                     pages.fragment("<li>{}</li>", line) for line in lines)) if lines else "",
+                pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Headline", _HEADLINE_NOTE),
+                to_html(headline_display(summary, dataset)),
                 pages.fragment("<h3>{}</h3>", "Every configuration"),
                 to_html(summary_display(summary, dataset, raw.get(dataset)),
                         best_cells(summary, dataset, judged)),

@@ -17,7 +17,10 @@ is derived from it:
   each criterion of :data:`CRITERIA` (FVU at L0, probe accuracy, dead units); only
   configurations with exact zeros (``fvu_at_l0 == fvu``: :func:`exact_zeros`) compete on FVU at
   L0, since a KL-SAE's FVU at its stated L0 is not the FVU it reports;
-- :func:`summary_display` / :func:`kl_display` / :func:`verdict_display` turn those into tables
+- :func:`headline` keeps, per dataset and L0 band of :data:`HEADLINE_BANDS`, the best setting of
+  every model (lowest FVU at L0): the one-table answer the README quotes;
+- :func:`summary_display` / :func:`kl_display` / :func:`verdict_display` /
+  :func:`headline_display` turn those into tables
   of text, which :func:`to_markdown` and :func:`to_html` render; :func:`best_cells` says which
   cells of the summary table hold a band's winner, so both can mark them.
 """
@@ -33,6 +36,7 @@ import pandas as pd
 __all__ = [
     "CONFIG_KEYS",
     "CRITERIA",
+    "HEADLINE_BANDS",
     "L0_BANDS",
     "PROBE_METRICS",
     "RESULT_COLUMNS",
@@ -42,6 +46,8 @@ __all__ = [
     "criteria",
     "exact_zeros",
     "format_criterion",
+    "headline",
+    "headline_display",
     "kl_display",
     "l0_band",
     "match_kl",
@@ -78,6 +84,9 @@ SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fractio
 
 # L0 bands (lower, upper]: configurations are only compared with others of similar sparsity
 L0_BANDS: tuple[tuple[float, float], ...] = ((0.0, 20.0), (20.0, 50.0), (50.0, math.inf))
+
+# the bands of the headline table: sparse (about 16 active units) and moderate (about 32)
+HEADLINE_BANDS: tuple[tuple[float, float], ...] = L0_BANDS[:2]
 
 # probe loss -> (summary metric of its test accuracy, heading in the summary table)
 PROBE_METRICS = {
@@ -330,6 +339,62 @@ def verdict_display(judged: pd.DataFrame, dataset: str) -> pd.DataFrame:
         })
     return pd.DataFrame(rows, columns=["L0 band", "criterion", "best", "value", "runner-up",
                                        "runner-up value", "margin"])
+
+
+def headline(summary: pd.DataFrame) -> pd.DataFrame:
+    """The best setting of every model per dataset and band of :data:`HEADLINE_BANDS`.
+
+    Within a band (by mean L0) each model keeps its configuration with the lowest mean FVU at
+    L0 (for a code without exact zeros that is the FVU it has at the sparsity its L0 states, so
+    it is ranked on the same terms). Returns the rows of ``summary`` kept, with a ``band``
+    column, ordered by dataset, band and the models' order in ``summary``; a model without a
+    configuration in a band has no row there.
+    """
+    if summary.empty:
+        return summary.assign(band=pd.Series(dtype=str))
+    bands = summary["l0_mean_mean"].map(l0_band)
+    keep = []
+    for dataset in dict.fromkeys(summary["dataset"]):
+        for lo, hi in HEADLINE_BANDS:
+            label = _band_label(lo, hi)
+            part = summary[(summary["dataset"] == dataset) & (bands == label)]
+            for model in dict.fromkeys(part["model"]):
+                rows = part[part["model"] == model]
+                fvu = pd.to_numeric(rows["fvu_at_l0_mean"], errors="coerce")
+                best = fvu.idxmin() if fvu.notna().any() else rows.index[0]
+                keep.append((best, label))
+    out = summary.loc[[i for i, _ in keep]].copy()
+    out.insert(0, "band", [label for _, label in keep])
+    return out
+
+
+# heading -> (metric, number format, scale); means over seeds
+_HEADLINE_CELLS = {
+    "L0": ("l0_mean", ".1f", 1.0),
+    "FVU at L0": ("fvu_at_l0", ".4f", 1.0),
+    "FVU": ("fvu", ".4f", 1.0),
+    "support FVU": ("support_fvu", ".4f", 1.0),
+    "dead %": ("dead_fraction", ".1f", 100.0),
+    "adaptivity": ("adaptivity", ".2f", 1.0),
+    "probe acc. %": ("probe_accuracy", ".2f", 100.0),
+    "sparsemax probe %": ("probe_sparsemax_accuracy", ".2f", 100.0),
+    "probe classes": ("probe_sparsemax_classes", ".2f", 1.0),
+}
+
+
+def headline_display(summary: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """:func:`headline` of one dataset as text: one row per band and model, seed means."""
+    part = headline(summary)
+    part = part[part["dataset"] == dataset]
+    rows = []
+    for _, row in part.iterrows():
+        cells = {"L0 band": row["band"], "model": row["model"],
+                 "λ / k": config_label(row["param"], row["value"]),
+                 "seeds": str(int(row["n_seeds"]))}
+        for head, (metric, fmt, scale) in _HEADLINE_CELLS.items():
+            cells[head] = _pm(row[f"{metric}_mean"], _NAN, fmt, scale)
+        rows.append(cells)
+    return pd.DataFrame(rows, columns=["L0 band", "model", "λ / k", "seeds", *_HEADLINE_CELLS])
 
 
 # --------------------------------------------------------------------------- text tables

@@ -1,0 +1,62 @@
+"""The README's comparison is the published CSVs' comparison: no number it cannot back.
+
+The README marks its comparison section with ``<!-- comparison -->`` … ``<!-- /comparison -->``
+and each headline table with ``<!-- headline: <published folder> <dataset> -->`` on the line
+before it. The headline tables must be exactly what ``sae.sweep.tables.headline_display`` makes
+from that folder's results.csv, and every decimal number in the section must appear in the
+published comparison.md files (themselves rendered from the same results.csv).
+"""
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sae.sweep import tables
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+HEADLINE = re.compile(r"<!-- headline: (\S+) (\S+) -->\n((?:\|.*\n)+)")
+
+
+def comparison_section() -> str:
+    start, end = README.find("<!-- comparison -->"), README.find("<!-- /comparison -->")
+    assert 0 <= start < end, "the README marks its comparison section"
+    return README[start:end]
+
+
+def test_headline_tables_are_made_from_the_published_csv():
+    found = HEADLINE.findall(comparison_section())
+    assert {dataset for _, dataset, _ in found} >= {"mnist", "fashion-mnist"}
+    for folder, dataset, table in found:
+        results = pd.read_csv(REPO / folder / "results.csv")
+        expected = tables.to_markdown(tables.headline_display(tables.summarize_seeds(results),
+                                                              dataset))
+        assert table.strip() == expected.strip(), f"{folder} {dataset}: regenerate the table"
+
+
+def test_every_number_in_the_comparison_is_published():
+    section = re.sub(r"\]\([^)]*\)|<!--.*?-->|`[^`]*`", "", comparison_section())
+    published = "\n".join(p.read_text(encoding="utf-8")
+                          for p in sorted((REPO / "figures" / "compare").glob("*/comparison.md")))
+    numbers = set(re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", section))
+    assert numbers, "the comparison section quotes numbers"
+    missing = sorted(n for n in numbers
+                     if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", published))
+    assert not missing, f"numbers in the README's comparison that no comparison.md holds: {missing}"
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist", "wide"])
+def test_published_comparisons_hold_the_new_models_and_measures(name):
+    folder = REPO / "figures" / "compare" / name
+    results = pd.read_csv(folder / "results.csv")
+    assert {"batchtopk", "jumprelu", "sparsemax"} <= set(results["model"])
+    for column in ("recon_bias", "support_fvu", "adaptivity", "probe_accuracy",
+                   "probe_sparsemax_accuracy", "probe_sparsemax_classes", "dead_fraction",
+                   "dense_fraction", "wall_time_s"):
+        assert results[column].notna().all(), f"{name}: {column} missing"
+    if name != "wide":
+        assert results.groupby(["model", "value"])["seed"].nunique().eq(3).all()
+    for file in ("comparison.md", "comparison.html", "fvu_vs_l0.png", "probe_vs_l0.png"):
+        assert (folder / file).is_file()
