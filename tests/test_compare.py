@@ -35,6 +35,20 @@ TINY = {
 }
 
 
+def quick_preset() -> dict:
+    """experiments/quick.yaml with its datasets, models and seeds, the first grid value of each
+    model, and a few steps per run: the preset's structure end to end in the tests (the preset
+    itself takes a few minutes)."""
+    preset = yaml.safe_load((REPO / "experiments" / "quick.yaml").read_text())
+    preset["common"].update(limit_train=256, val_size=128, limit_test=200, batch_size=64,
+                            hidden=32, epochs=1, no_figures=True, no_report=True,
+                            no_features=True)
+    for entry in preset["models"].values():
+        key = "k" if "k" in entry else "lambda"
+        entry[key] = entry[key][:1]
+    return preset
+
+
 def write_yaml(path: Path, data) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False) if not isinstance(data, str) else data)
     return path
@@ -676,22 +690,30 @@ def test_pareto_front():
 
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory, data_dir):
-    """The tiny sweep (KL-SAE and TopK, one λ/k, one seed) after one complete invocation."""
+    """The quick preset (:func:`quick_preset`: every model on both datasets, one setting each,
+    one seed) after one complete invocation of the command a user types."""
     root = tmp_path_factory.mktemp("sweep")
-    write_yaml(root / "tiny.yaml", TINY)
-    result = run_compare(["tiny.yaml", "--jobs", "2"], root, data_dir)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return root, result
+    preset = quick_preset()
+    write_yaml(root / "quick.yaml", preset)
+    result = run_compare(["quick.yaml", "--jobs", "2"], root, data_dir, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return root, result, preset
+
+
+def n_runs(preset: dict) -> int:
+    return len(preset["datasets"]) * len(preset["models"]) * len(preset["seeds"])
 
 
 @pytest.mark.slow
-def test_sweep_writes_tables_and_page(finished_sweep):
-    root, result = finished_sweep
-    out = root / "sweeps" / "tiny"
-    assert result.stdout.count("trained in") == 2 and "[2/2]" in result.stdout
+def test_quick_preset_writes_tables_and_page(finished_sweep):
+    root, result, preset = finished_sweep
+    out = root / "sweeps" / "quick"
+    n = n_runs(preset)
+    assert result.stdout.count("trained in") == n and f"[{n}/{n}]" in result.stdout
     frame = pd.read_csv(out / "results.csv")
-    assert list(frame.columns) == tables.RESULT_COLUMNS
-    assert sorted(frame["model"]) == ["kl", "topk"] and set(frame["seed"]) == {0}
+    assert list(frame.columns) == tables.RESULT_COLUMNS and len(frame) == n
+    assert set(frame["model"]) == set(MODELS) and set(frame["seed"]) == {0}
+    assert set(frame["dataset"]) == {"mnist", "fashion-mnist"}
     assert frame["probe_accuracy"].between(0, 1).all() and frame["wall_time_s"].gt(0).all()
     assert frame["probe_sparsemax_accuracy"].between(0, 1).all()
     assert frame["probe_sparsemax_classes"].between(1, 10).all()
@@ -702,25 +724,29 @@ def test_sweep_writes_tables_and_page(finished_sweep):
         assert len(analysis["class_l0_mean"]) == 10
         assert np.load(run / "test_l0.npy").shape == (200,)
     md = (out / "comparison.md").read_text()
-    assert "## mnist" in md and "vs KL-SAE" in md and "raw pixels" in md and "k = 4" in md
+    for dataset in ("mnist", "fashion-mnist"):
+        assert f"## {dataset}" in md and f"### {dataset}: headline" in md
+    assert "vs KL-SAE" in md and "raw pixels" in md and "k = 8" in md
     page = (out / "comparison.html").read_text()
     assert page.count("data:image/png;base64,") == len(render.FIGURE_FILES)
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")
     assert all((out / name).is_file() for name in render.FIGURE_FILES)
-    raw = json.loads((out / "raw_probe.json").read_text())[0]
-    assert raw["dataset"] == "mnist" and 0 < raw["sparsemax_test_accuracy"] <= 1
+    raw = json.loads((out / "raw_probe.json").read_text())
+    assert {r["dataset"] for r in raw} == {"mnist", "fashion-mnist"}
+    assert all(0 < r["sparsemax_test_accuracy"] <= 1 for r in raw)
     assert "sparsemax probe %" in md and "probe classes" in md
 
 
 @pytest.mark.slow
 def test_second_invocation_skips_finished_runs(finished_sweep, data_dir):
-    root, _ = finished_sweep
-    runs = sorted((root / "sweeps" / "tiny" / "runs").glob("*/*/*/seed*"))
+    root, _, preset = finished_sweep
+    runs = sorted((root / "sweeps" / "quick" / "runs").glob("*/*/*/seed*"))
     stamps = {p: ((p / "metrics.json").stat().st_mtime_ns,
                   (p / "analysis.json").stat().st_mtime_ns) for p in runs}
-    result = run_compare(["tiny.yaml"], root, data_dir)
+    result = run_compare(["quick.yaml"], root, data_dir)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("skipped (finished)") == 2 and "trained in" not in result.stdout
+    assert result.stdout.count("skipped (finished)") == n_runs(preset)
+    assert "trained in" not in result.stdout
     assert stamps == {p: ((p / "metrics.json").stat().st_mtime_ns,
                           (p / "analysis.json").stat().st_mtime_ns) for p in runs}
 
@@ -729,24 +755,25 @@ def test_second_invocation_skips_finished_runs(finished_sweep, data_dir):
 def test_interrupted_runs_are_completed(finished_sweep, data_dir, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(finished_sweep[0], root)
-    runs = root / "sweeps" / "tiny" / "runs" / "mnist"
-    resumed, restarted = runs / "kl" / "lambda0.1" / "seed0", runs / "topk" / "k4" / "seed0"
+    runs = root / "sweeps" / "quick" / "runs" / "mnist"
+    resumed, restarted = runs / "kl" / "lambda0.01" / "seed0", runs / "topk" / "k8" / "seed0"
     (resumed / "metrics.json").unlink()  # killed after its last checkpoint
     for path in restarted.iterdir():  # killed before its first checkpoint
         if path.name != "config.yaml":
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    result = run_compare(["tiny.yaml", "--jobs", "2"], root, data_dir)
+    result = run_compare(["quick.yaml", "--jobs", "2"], root, data_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("trained in") == 2
     for run in (resumed, restarted):
         assert (run / "metrics.json").is_file() and (run / "analysis.json").is_file()
-    logs = root / "sweeps" / "tiny" / "logs" / "mnist"
+    logs = root / "sweeps" / "quick" / "logs" / "mnist"
     commands = {name: [line for line in (logs / name).read_text().splitlines()
-                       if line.startswith("$ ")] for name in ("kl/lambda0.1/seed0.log",
-                                                               "topk/k4/seed0.log")}
-    assert commands["kl/lambda0.1/seed0.log"][-1].endswith("--resume")
-    assert commands["topk/k4/seed0.log"][-1].endswith("--overwrite")
-    assert len(pd.read_csv(root / "sweeps" / "tiny" / "results.csv")) == 2
+                       if line.startswith("$ ")] for name in ("kl/lambda0.01/seed0.log",
+                                                               "topk/k8/seed0.log")}
+    assert commands["kl/lambda0.01/seed0.log"][-1].endswith("--resume")
+    assert commands["topk/k8/seed0.log"][-1].endswith("--overwrite")
+    assert len(pd.read_csv(root / "sweeps" / "quick" / "results.csv")) == \
+        n_runs(finished_sweep[2])
 
 
 @pytest.mark.slow
