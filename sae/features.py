@@ -81,8 +81,9 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
           distribution of its firing with every class weighted equally (so an unequal number of
           test inputs per class does not look like a preference); all 0 for a dead unit;
         - ``selectivity`` [H]: ``1 − H(class_dist) / log C'``, H the Shannon entropy and C' the
-          number of classes present: 1 for a unit that fires on one class only, 0 for one that
-          fires at the same rate in every class. NaN for dead units and when C' < 2;
+          number of classes present (:func:`sae.metrics.class_selectivity`): 1 for a unit that
+          fires on one class only, 0 for one that fires at the same rate in every class. NaN for
+          dead units and when C' < 2;
         - ``preferred_class`` [H]: argmax of ``class_rate``, -1 for dead units;
         - ``top_index``, ``top_activation``, ``top_label`` [H, K]: the inputs with the largest
           activation, largest first, and their classes; slots beyond the unit's firing count
@@ -99,7 +100,7 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
     """
     import torch
 
-    from sae.metrics import active
+    from sae.metrics import active, class_selectivity
 
     codes = np.asarray(codes, dtype=np.float32)
     labels = np.asarray(labels).astype(np.int64).ravel()
@@ -131,15 +132,8 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
     class_rate = (fires.T.astype(np.float32) @ onehot) / np.maximum(class_total, 1)  # [H, C]
     rate_sum = class_rate.sum(1, keepdims=True)
     class_dist = class_rate / np.where(rate_sum > 0, rate_sum, 1.0)
-    present = int((class_total > 0).sum())
-    logs = np.log(np.where(class_dist > 0, class_dist, 1.0))
-    entropy = -(class_dist * logs).sum(1)
-    if present >= 2:
-        selectivity = np.clip(1.0 - entropy / math.log(present), 0.0, 1.0)
-    else:
-        selectivity = np.full(h, np.nan)
-    selectivity = np.where(dead, np.nan, selectivity)
-    preferred = np.where(dead, -1, class_rate.argmax(1))
+    preferred, selectivity = (t.numpy() for t in class_selectivity(
+        torch.from_numpy(class_rate.T), torch.from_numpy(class_total > 0)))
 
     k = min(n_top, n)
     part = np.argpartition(-codes, k - 1, axis=0)[:k]  # [k, H], NaN sorts last

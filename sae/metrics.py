@@ -66,6 +66,7 @@ __all__ = [
     "adaptive_gain",
     "adaptivity",
     "class_firing_frequency",
+    "class_selectivity",
     "dead_fraction",
     "dense_fraction",
     "dynamic_sparsity",
@@ -311,6 +312,44 @@ def class_firing_frequency(
     counts.index_add_(0, labels, fires.to(torch.float32))
     per_class = torch.bincount(labels, minlength=n_classes).to(torch.float32)
     return counts / per_class.clamp(min=1).unsqueeze(1)
+
+
+def class_selectivity(class_rate: torch.Tensor, present: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Preferred class and class selectivity of each unit, from per-class firing rates.
+
+    A unit's class distribution is its firing rate in each class normalised to sum to 1, so each
+    class weighs the same whatever its number of inputs, and its selectivity is
+
+    .. math:: s_j = 1 - \frac{H(p_j)}{\log C'}, \qquad p_{cj} = \frac{r_{cj}}{\sum_c r_{cj}},
+
+    with H the Shannon entropy (natural log) and C' the number of classes present: 1 for a unit
+    that fires in one class only, 0 for one that fires at the same rate in every class.
+
+    Args:
+        class_rate: [C, H] share of the inputs of each class on which each unit fires
+            (:func:`class_firing_frequency`).
+        present: [C] bool, the classes that have inputs (default: all); absent classes have no
+            rate to compare and are left out of C'.
+
+    Returns:
+        ``(preferred, selectivity)``: [H] int64, the class of the highest rate (-1 for a unit that
+        never fires), and [H] float64, NaN for a unit that never fires and when C' < 2.
+    """
+    rate = class_rate.to(torch.float64)
+    c, h = rate.shape
+    present = torch.ones(c, dtype=torch.bool) if present is None else present.to(torch.bool)
+    rate = rate[present]
+    total = rate.sum(0)
+    dead = total <= 0
+    dist = rate / torch.where(dead, torch.ones_like(total), total)
+    entropy = -(dist * torch.log(torch.where(dist > 0, dist, torch.ones_like(dist)))).sum(0)
+    n_present = int(present.sum())
+    selectivity = ((1.0 - entropy / math.log(n_present)).clamp(0.0, 1.0) if n_present >= 2
+                   else torch.full((h,), math.nan, dtype=torch.float64))
+    preferred = class_rate.to(torch.float64).argmax(0) if c else torch.full((h,), -1)
+    return (torch.where(dead, torch.full_like(preferred, -1), preferred),
+            torch.where(dead, torch.full_like(selectivity, math.nan), selectivity))
 
 
 def summarize(

@@ -871,3 +871,39 @@ def test_sparsemax_probe_is_accurate_with_sparse_class_probabilities():
     assert unsure.test_support > sparse.test_support
     with pytest.raises(ValueError, match="probe loss"):
         M.linear_probe(xtr, ytr, xte, yte, loss="hinge")
+
+
+# ------------------------------------------------------------------------------------------------
+# class selectivity: one definition for the feature browser and the class x unit heatmap
+
+
+def test_class_selectivity_extremes_and_absent_classes():
+    rate = torch.tensor([[0.5, 0.2, 0.0, 0.1],
+                         [0.0, 0.2, 0.0, 0.3],
+                         [0.0, 0.2, 0.0, 0.0]], dtype=torch.float64)  # [C = 3, H = 4]
+    preferred, sel = M.class_selectivity(rate)
+    assert preferred.tolist() == [0, 0, -1, 1]  # ties go to the first class; dead: -1
+    assert sel[0] == pytest.approx(1.0) and sel[1] == pytest.approx(0.0, abs=1e-12)
+    assert math.isnan(sel[2])
+    p = np.array([0.25, 0.75])
+    assert float(sel[3]) == pytest.approx(1 + (p * np.log(p)).sum() / math.log(3))
+    # class 2 had no inputs: it is left out of C', so unit 3 is judged over two classes
+    _, sel2 = M.class_selectivity(rate, torch.tensor([True, True, False]))
+    assert float(sel2[3]) == pytest.approx(1 + (p * np.log(p)).sum() / math.log(2))
+    _, one = M.class_selectivity(rate, torch.tensor([True, False, False]))
+    assert torch.isnan(one).all()  # one class: selectivity undefined
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(2, 6), st.integers(1, 5)),
+              elements=st.floats(0, 1)), st.randoms(use_true_random=False))
+def test_class_selectivity_ignores_class_order_and_matches_the_browser(rate, rnd):
+    order = list(range(rate.shape[0]))
+    rnd.shuffle(order)
+    _, a = M.class_selectivity(torch.from_numpy(rate))
+    _, b = M.class_selectivity(torch.from_numpy(rate[order]))
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-12)
+    assert bool(((a >= 0) & (a <= 1) | a.isnan()).all())
+    from sae.figures.run import class_selectivity as heatmap_selectivity
+
+    np.testing.assert_array_equal(heatmap_selectivity(rate)[1], a.numpy())

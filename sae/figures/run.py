@@ -213,24 +213,15 @@ def activation_frequency_curve(freq: np.ndarray, floor: float = FREQ_FLOOR) -> F
 
 def class_selectivity(class_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Preferred class ``[H]`` and selectivity ``[H]`` of each unit from ``[C, H]`` per-class
-    firing frequencies.
+    firing frequencies: :func:`sae.metrics.class_selectivity` (the feature browser's
+    definition), on numpy arrays."""
+    import torch
 
-    A unit's class distribution is its per-class firing rate normalised to sum to 1 (each class
-    weighs the same, whatever its size); selectivity is ``1 − entropy / log C``: 1 for a unit
-    that fires for one class only, 0 for one that fires equally for all (the feature browser's
-    definition). Units that never fire prefer class -1 and have selectivity NaN.
-    """
+    from sae.metrics import class_selectivity as selectivity_of
+
     class_freq = np.atleast_2d(np.asarray(class_freq, dtype=float))
-    c, h = class_freq.shape
-    total = class_freq.sum(0)
-    dist = class_freq / np.where(total > 0, total, 1.0)
-    logs = np.log(np.where(dist > 0, dist, 1.0))
-    entropy = -(dist * logs).sum(0)
-    selectivity = (np.clip(1.0 - entropy / math.log(c), 0.0, 1.0) if c >= 2
-                   else np.ones(h))
-    dead = total <= 0
-    preferred = np.where(dead, -1, class_freq.argmax(0) if c else -1)
-    return preferred, np.where(dead, np.nan, selectivity)
+    preferred, selectivity = selectivity_of(torch.from_numpy(class_freq))
+    return preferred.numpy(), selectivity.numpy()
 
 
 @styled
