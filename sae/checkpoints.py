@@ -124,10 +124,22 @@ def check_compatible(state: dict, config: dict, path: str | Path) -> None:
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint I/O with :func:`write_checkpoint` and :func:`read_checkpoint`."""
+    """Lightning's checkpoint I/O with :func:`write_checkpoint` and :func:`read_checkpoint`.
+
+    ``preloaded=(path, state)``: a checkpoint already read (and checked) before training; the
+    first load of that path returns it instead of reading the file a second time.
+    """
+
+    def __init__(self, preloaded: tuple[str | Path, dict] | None = None) -> None:
+        super().__init__()
+        self._preloaded = preloaded
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         write_checkpoint(checkpoint, path)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        if self._preloaded is not None and Path(self._preloaded[0]).resolve() == \
+                Path(path).resolve():
+            state, self._preloaded = self._preloaded[1], None
+            return state
         return read_checkpoint(path, map_location=map_location or "cpu")

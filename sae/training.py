@@ -53,7 +53,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, callbacks: list,
-                  loggers: list):
+                  loggers: list, preloaded: tuple[Path, dict] | None = None):
     import lightning.pytorch as L
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -75,7 +75,7 @@ def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, cal
             devices=args.devices, strategy=args.strategy, num_nodes=args.num_nodes,
             precision=args.precision, gradient_clip_val=args.grad_clip or None,
             gradient_clip_algorithm="norm", logger=loggers, callbacks=callbacks,
-            plugins=[SafeCheckpointIO()],
+            plugins=[SafeCheckpointIO(preloaded)],
             log_every_n_steps=min(args.log_every, steps_per_epoch),
             val_check_interval=val_interval, check_val_every_n_epoch=val_every_epochs,
             num_sanity_val_steps=0, enable_progress_bar=show_progress,
@@ -116,7 +116,6 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
                                      f"{ckpt} ({state['epoch']}); give at least that many")
         if not any(str(k).startswith("Timer") for k in state.get("callbacks", {})):
             legacy_seconds = float(state.get("train_seconds", 0.0))  # an earlier version's
-        del state
 
     dm = ImageDataModule(args.dataset, args.data_dir, args.batch_size, args.val_size,
                          limit_train=args.limit_train, limit_test=args.limit_test)
@@ -162,7 +161,10 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     loggers = [CSVLogger(out, name="logs", version=session),
                TensorBoardLogger(out, name="tensorboard", version="", default_hp_metric=False)]
     steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
-    trainer = build_trainer(args, out, steps_per_epoch, callbacks, loggers)
+    # the checkpoint read and checked above is the one Lightning restores: not read twice
+    trainer = build_trainer(args, out, steps_per_epoch, callbacks, loggers,
+                            preloaded=(ckpt, state) if ckpt else None)
+    state = None
     fit_model = torch.compile(model) if args.compile else model
     try:
         trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,

@@ -97,3 +97,21 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         write_checkpoint({**a_checkpoint(), "global_step": 9}, path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_a_preloaded_checkpoint_is_not_read_again(tmp_path, monkeypatch):
+    from sae import checkpoints
+
+    path = tmp_path / "last.ckpt"
+    write_checkpoint(a_checkpoint(), path)
+    state = read_checkpoint(path)
+    reads = []
+    monkeypatch.setattr(checkpoints, "read_checkpoint",
+                        lambda p, map_location="cpu": reads.append(p) or read_checkpoint(p))
+    io = checkpoints.SafeCheckpointIO(preloaded=(tmp_path / "." / "last.ckpt", state))
+    assert io.load_checkpoint(str(path)) is state and reads == []  # the same file: no read
+    again = io.load_checkpoint(path)  # only once: a later load reads the file
+    assert reads == [path] and again is not state and again.keys() == state.keys()
+    plain = checkpoints.SafeCheckpointIO()
+    plain.load_checkpoint(path)
+    assert reads == [path, path]
