@@ -78,6 +78,7 @@ from torch import Tensor, nn
 from sae import kernels, triton_kernels
 
 __all__ = [
+    "softplus_inverse",
     "sparsemax",
     "entmax15",
     "entmax_alpha",
@@ -702,8 +703,10 @@ class Entmax15(nn.Module):
         return f"dim={self.dim}, groups={self.groups}"
 
 
-def _softplus_inv(y: float) -> float:
-    return y + math.log(-math.expm1(-y))  # log(exp(y) - 1) without overflow
+def softplus_inverse(y: float) -> float:
+    """x with softplus(x) = y > 0: log(exp(y) − 1), computed without overflow. Initialises a
+    parameter that passes through softplus (a learnable alpha, the Sparsemax-SAE's scale)."""
+    return y + math.log(-math.expm1(-y))
 
 
 class EntmaxAlpha(nn.Module):
@@ -732,7 +735,7 @@ class EntmaxAlpha(nn.Module):
         self.dim = dim
         self.groups = groups
         if learnable:
-            self.alpha_raw = nn.Parameter(torch.tensor(_softplus_inv(alpha - floor)))
+            self.alpha_raw = nn.Parameter(torch.tensor(softplus_inverse(alpha - floor)))
         else:
             self.register_buffer("alpha_value", torch.tensor(alpha))
             self._alpha = alpha

@@ -497,3 +497,13 @@ def test_kernels_give_the_same_rows_in_any_batch():
     g = torch.randn_like(x)
     assert torch.equal(kernels.sparsemax_backward(whole, g)[7:8],
                        kernels.sparsemax_backward(whole[7:8].clone(), g[7:8].clone()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1e-6, 60.0))
+def test_softplus_inverse_inverts_softplus(y):
+    from sae.activations import softplus_inverse
+
+    x = softplus_inverse(y)
+    assert float(torch.nn.functional.softplus(torch.tensor(x, dtype=torch.float64))) == \
+        pytest.approx(y, rel=1e-9)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sae.activations import EntmaxAlpha, _softplus_inv, entmax_alpha, sparsemax
+from sae.activations import EntmaxAlpha, entmax_alpha, softplus_inverse, sparsemax
 from sae.config import SAEConfig
 from sae.models.base import SparseAutoencoder
 from sae.models.losses import effective_support
@@ -73,7 +73,7 @@ class SparsemaxSAE(SparseAutoencoder):
             raise ValueError(f"hidden {config.hidden} is not divisible by groups {config.groups}")
         self.scale_head = nn.Linear(config.input_dim, config.groups)
         nn.init.zeros_(self.scale_head.weight)
-        nn.init.constant_(self.scale_head.bias, _softplus_inv(math.sqrt(data_var)))
+        nn.init.constant_(self.scale_head.bias, softplus_inverse(math.sqrt(data_var)))
         t0 = 25.0 * math.sqrt(data_var / config.input_dim)
         self.log_temperature = nn.Parameter(torch.full((config.groups,), math.log(t0)))
 
