@@ -550,6 +550,9 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     here = sweeps / "mnist"
     (sweeps / "fashion-mnist").mkdir(parents=True)
     (sweeps / "fashion-mnist" / "comparison.html").write_text("x")
+    (sweeps / "wide").mkdir()
+    (sweeps / "wide" / "comparison.html").write_text("x")  # another preset on the same dataset
+    (sweeps / "empty").mkdir()  # no page: no link
     (tmp_path / "figures" / "gallery").mkdir(parents=True)
     (tmp_path / "figures" / "gallery" / "README.md").write_text("x")
     frame = tables.results_frame([
@@ -561,6 +564,7 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     (here / frame.loc[0, "run"] / "report.html").write_text("x")
     links = render.related_links(here, ["mnist"], frame)
     assert links["pages"] == [("fashion-mnist comparison", "../fashion-mnist/comparison.html"),
+                              ("wide comparison", "../wide/comparison.html"),
                               ("figure gallery", "../../figures/gallery/README.md")]
     assert links["runs"] == {"mnist": [("l1 λ = 0.01 seed 0",
                                         "runs/mnist/l1/lambda0.01/seed0/report.html")]}

@@ -49,7 +49,8 @@ LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed), on
           "FVU: fraction of variance unexplained; FVU at L0: the FVU when only the units counted "
           "in L0 reconstruct (differs from FVU only for a code without exact zeros, the "
           "KL-SAE, whose sigmoid units below the firing threshold still reconstruct); L0: "
-          "active units per test input; dead: units that never fire on the test set; probe: "
+          "active units per test input; dead: units that never fire on the test set; dense: "
+          "units that fire on more than half of the test inputs; probe: "
           "linear classifier trained on train-set codes, scored on test-set codes, with the "
           "softmax (cross-entropy) loss; sparsemax probe: the same with the sparsemax loss, "
           "whose class probabilities have exact zeros; probe classes: the mean number of "
@@ -155,16 +156,22 @@ def _gallery(page_dir: Path) -> str | None:
 def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict:
     """Relative links from a comparison page in ``page_dir`` to what exists beside it.
 
-    Returns ``{"pages": [(text, href)], "runs": {dataset: [(text, href)]}}``: the comparison
-    page of every other dataset in ``../<dataset>/comparison.html``, the gallery, and the
-    report of each run of ``results`` (its ``run`` column, relative to the page) whose
-    ``report.html`` exists. Missing files get no link, so a copy without ``runs/`` names none.
+    Returns ``{"pages": [(text, href)], "runs": {dataset: [(text, href)]}}``: every other
+    comparison page beside this one (``../<folder>/comparison.html``: the other presets of
+    figures/compare/, or the other sweeps of sweeps/; the other datasets first, in their usual
+    order, then by name), the gallery, and the report of each run of ``results`` (its ``run``
+    column, relative to the page) whose ``report.html`` exists. Missing files get no link, so a
+    copy without ``runs/`` names none. ``datasets`` are the page's own datasets.
     """
     from sae.config import DATASETS
 
     page_dir = Path(page_dir)
-    pages = [(f"{other} comparison", f"../{other}/comparison.html") for other in DATASETS
-             if other not in datasets and (page_dir.parent / other / "comparison.html").is_file()]
+    here = page_dir.resolve()
+    siblings = [p.parent.name for p in page_dir.parent.glob("*/comparison.html")
+                if p.parent.resolve() != here]
+    order = {name: i for i, name in enumerate(d for d in DATASETS if d not in datasets)}
+    siblings.sort(key=lambda name: (order.get(name, len(order)), name))
+    pages = [(f"{name} comparison", f"../{name}/comparison.html") for name in siblings]
     gallery = _gallery(page_dir)
     if gallery is not None:
         pages.append(("figure gallery", gallery))

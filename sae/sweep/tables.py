@@ -78,6 +78,7 @@ RESULT_COLUMNS = [
 ]
 
 SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
+                   "dense_fraction",
                    "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes",
                    "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
                    "adaptivity", "wall_time_s"]
@@ -431,6 +432,7 @@ _SUMMARY_CELLS = {
     "L0 mean": ("l0_mean", ".1f", 1.0, ""),
     "L0 std": ("l0_std", ".1f", 1.0, ""),
     "dead %": ("dead_fraction", ".1f", 100.0, ""),
+    "dense %": ("dense_fraction", ".1f", 100.0, ""),
     "probe acc. %": ("probe_accuracy", ".2f", 100.0, ""),
     "sparsemax probe %": ("probe_sparsemax_accuracy", ".2f", 100.0, ""),
     "probe classes": ("probe_sparsemax_classes", ".2f", 1.0, ""),
