@@ -23,6 +23,8 @@ Sweep file (YAML)::
         model: entmax
         alpha_mode: anneal
         lambda: [0.01]
+    probe_loss: softmax                   # or sparsemax: the probe the verdict judges (optional;
+                                          # both probes are fitted and tabled)
 
 Settings are ``sae.run`` flag names without the dashes (``max_steps`` or ``max-steps``; ``lambda``
 for ``--lambda``); ``true``/``false`` turn switches such as ``no_figures`` on or off, ``null`` means
