@@ -402,6 +402,7 @@ def verdict_frame():
         ("mnist", "sparsemax", "sparsemax", "lambda", 0.03, 0, 0.20, 16, 0.97),
         ("mnist", "topk", "topk", "k", 16, 0, 0.17, 16, 0.965),
         ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.14, 37, 0.976),  # 20 < L0 <= 50
+        ("mnist", "kl", "kl", "lambda", 0.1, 0, 0.02, 30, 0.93),
         ("mnist", "topk", "topk", "k", 32, 0, 0.11, 32, 0.973),
         ("mnist", "topk", "topk", "k", 64, 0, 0.07, 64, 0.97),       # > 50, alone
         ("fashion-mnist", "sparsemax", "sparsemax", "lambda", 0.03, 0, 0.16, 9, 0.85),
@@ -420,18 +421,26 @@ def test_verdict_names_the_best_per_dataset_band_and_criterion():
     s = verdict_frame()
     judged = tables.verdict(s)
     assert list(dict.fromkeys(judged["band"])) == ["L0 ≤ 20", "20 < L0 ≤ 50", "L0 > 50"]
+    # FVU at L0 is compared at L0 16 on every model's curve: topk and sparsemax sit there,
+    # l1 is interpolated between L0 13 and 37, the KL-SAE (14 … 30) is out (no exact zeros)
     low = winners(judged, "mnist", "L0 ≤ 20", "FVU at L0")
-    assert low["winner"] == "topk k = 16 (L0 16.0)" and low["score"] == pytest.approx(0.17)
-    assert low["runner_up"].startswith("sparsemax λ = 0.03")
+    assert low["winner"] == "topk at L0 16 (k = 16)" and low["score"] == pytest.approx(0.17)
+    assert low["runner_up"] == "sparsemax at L0 16 (λ = 0.03)"
     assert low["margin"] == pytest.approx(0.03)
-    assert low["excluded"].startswith("kl λ = 1")  # said, not silently dropped
-    assert low["n_candidates"] == 3
+    assert low["excluded"] == "kl at L0 16 (λ = 1 … 0.1)"  # said, not silently dropped
+    assert low["n_candidates"] == 3 and low["models"] == ["topk"]
+    l1 = tables.at_l0(s, [16.0]).set_index(["dataset", "model"]).loc[("mnist", "l1")]
+    w = math.log(16 / 13) / math.log(37 / 13)
+    assert l1["fvu_at_l0"] == pytest.approx(0.28 + w * (0.14 - 0.28))
+    assert (l1["lo_value"], l1["hi_value"]) == (0.03, 0.01)
     assert winners(judged, "mnist", "L0 ≤ 20", "probe accuracy")["winner"].startswith(
         "sparsemax")
     assert winners(judged, "mnist", "20 < L0 ≤ 50", "FVU at L0")["winner"].startswith("topk")
     assert winners(judged, "mnist", "20 < L0 ≤ 50", "probe accuracy")["winner"].startswith("l1")
     alone = winners(judged, "mnist", "L0 > 50", "FVU at L0")
     assert alone["runner_up"] == "" and math.isnan(alone["margin"])
+    assert not ((tables.at_l0(s)["model"] == "sparsemax")
+                & (tables.at_l0(s)["target"] == 32)).any()  # never extrapolated
     dead = winners(judged, "mnist", "L0 ≤ 20", "dead units")  # all 10 %: a four-way tie
     assert len(dead["winners"]) == 4
     assert winners(judged, "fashion-mnist", "L0 ≤ 20", "FVU at L0")["winner"].startswith("topk")
@@ -444,17 +453,19 @@ def test_verdict_names_the_best_per_dataset_band_and_criterion():
        others=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(1.0, 80.0)), min_size=1,
                        max_size=5))
 def test_a_code_without_exact_zeros_never_wins_fvu_at_l0(kl_fvu, kl_extra, others):
-    rows = [("mnist", "kl", "kl", "lambda", 1.0, 0, kl_fvu, 10.0, 0.9)]
+    rows = [("mnist", "kl", "kl", "lambda", 1.0, 0, kl_fvu, 10.0, 0.9),  # its curve spans
+            ("mnist", "kl", "kl", "lambda", 0.1, 0, kl_fvu, 90.0, 0.9)]  # every target L0
     rows += [("mnist", "l1", "l1", "lambda", 0.001 * (i + 1), 0, fvu, l0, 0.9)
              for i, (fvu, l0) in enumerate(others)]
-    s = summary(rows)  # the KL row's FVU at L0 is its FVU + 0.5 (see results())
+    s = summary(rows)  # the KL rows' FVU at L0 is their FVU + 0.5 (see results())
     judged = tables.verdict(s)
     fvu_rows = judged[judged["criterion"] == "FVU at L0"]
     assert not any("kl" in w for w in fvu_rows["winner"])
+    assert not any("kl" in models for models in fvu_rows["models"])
     assert all(not s.loc[i, "kind"] == "kl" for ws in fvu_rows["winners"] for i in ws)
-    band = fvu_rows[fvu_rows["band"] == "L0 ≤ 20"]
-    if len(band):
-        assert "kl λ = 1" in band.iloc[0]["excluded"]
+    target = {"L0 ≤ 20": 16, "20 < L0 ≤ 50": 32, "L0 > 50": 64}
+    assert all(r["excluded"].startswith(f"kl at L0 {target[r['band']]} ")
+               for _, r in fvu_rows.iterrows())
     assert list(tables.exact_zeros(s)) == [k != "kl" for k in s["kind"]]
 
 
@@ -485,33 +496,33 @@ def test_comparison_page_states_the_verdict_and_findings(tmp_path):
     md = render.comparison_markdown(sweep, s, tables.match_kl(s), raw, 9, 9)
     for text in (page, md):
         assert "Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0" in text
-        assert "Lowest FVU at L0, per L0 band: topk in 3 of 3" in text
+        assert "Lowest FVU at equal L0, per L0 band: topk in 3 of 3" in text
         assert "Out of the FVU-at-L0 contest: kl (no exact zeros)" in text
     assert 'class="num best"' in page and "**0.1700**" in md
     lines = render.findings(s, tables.verdict(s), "mnist")
     assert any(line.startswith("Best probe accuracy: L0 ≤ 20: sparsemax") for line in lines)
 
 
-def test_headline_keeps_each_models_best_setting_per_band():
+def test_headline_sets_every_model_at_l0_16_and_32():
     s = summary([
         ("mnist", "l1", "l1", "lambda", 0.03, 0, 0.28, 13, 0.96),
-        ("mnist", "l1", "l1", "lambda", 0.02, 0, 0.22, 18, 0.96),   # same band, lower FVU
-        ("mnist", "l1", "l1", "lambda", 0.02, 1, 0.24, 19, 0.96),
-        ("mnist", "kl", "kl", "lambda", 1.0, 0, 0.03, 14, 0.94),
-        ("mnist", "topk", "topk", "k", 32, 0, 0.11, 32, 0.973),
-        ("mnist", "topk", "topk", "k", 64, 0, 0.07, 64, 0.97),     # L0 > 50: not a headline
+        ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.14, 37, 0.976),
+        ("mnist", "l1", "l1", "lambda", 0.01, 1, 0.16, 37, 0.976),
+        ("mnist", "kl", "kl", "lambda", 1.0, 0, 0.03, 14, 0.94),     # never reaches 16
+        ("mnist", "topk", "topk", "k", 16, 0, 0.17, 16, 0.965),
+        ("mnist", "topk", "topk", "k", 32, 0, 0.11, 32.2, 0.973),   # within 1 % of 32
         ("fashion-mnist", "topk", "topk", "k", 16, 0, 0.12, 16, 0.86),
     ])
     head = tables.headline(s)
-    assert list(zip(head["dataset"], head["band"], head["model"], head["value"],
-                    strict=True)) == [
-        ("mnist", "L0 ≤ 20", "l1", 0.02), ("mnist", "L0 ≤ 20", "kl", 1.0),
-        ("mnist", "20 < L0 ≤ 50", "topk", 32), ("fashion-mnist", "L0 ≤ 20", "topk", 16)]
+    assert list(zip(head["dataset"], head["target"], head["model"], strict=True)) == [
+        ("mnist", 16, "l1"), ("mnist", 16, "topk"), ("mnist", 32, "l1"), ("mnist", 32, "topk"),
+        ("fashion-mnist", 16, "topk")]
     shown = tables.headline_display(s, "mnist")
-    assert list(shown["model"]) == ["l1", "kl", "topk"]
-    assert shown.loc[0, "FVU at L0"] == "0.2300" and shown.loc[0, "seeds"] == "2"
-    assert shown.loc[0, "L0"] == "18.5"  # seed means, no ± part
-    assert shown.loc[1, "FVU at L0"] == "0.5300" and shown.loc[1, "FVU"] == "0.0300"
+    assert list(shown["L0"]) == ["16", "16", "32", "32"]
+    assert list(shown["from"]) == ["λ = 0.03 … 0.01", "k = 16", "λ = 0.03 … 0.01", "k = 32"]
+    w = math.log(16 / 13) / math.log(37 / 13)  # l1's seed mean at λ 0.01 is 0.15
+    assert shown.loc[0, "FVU at L0"] == f"{0.28 + w * (0.15 - 0.28):.4f}"
+    assert shown.loc[1, "FVU at L0"] == "0.1700" and shown.loc[3, "FVU at L0"] == "0.1100"
     assert tables.headline(s.iloc[:0]).empty
 
 
@@ -526,7 +537,7 @@ def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
     raw = {"probe_accuracy": 0.926, "probe_sparsemax_accuracy": 0.91,
            "probe_sparsemax_classes": 1.7}
     shown = tables.summary_display(s, "mnist", raw)
-    kl_row = list(shown["model"]).index("kl")
+    kl_row = list(zip(shown["model"], shown["λ / k"], strict=True)).index(("kl", "λ = 1"))
     best = tables.best_cells(s, "mnist", judged)
     assert (kl_row, "sparsemax probe %") in best and (kl_row, "probe acc. %") not in best
     # both probes are tabled whichever one the verdict judges

@@ -63,15 +63,20 @@ LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed), on
           "components); train time: wall-clock seconds of training. Bold: the best in its L0 "
           "band (see the verdict).")
 
-_VERDICT_NOTE = ("Configurations compete within an L0 band (by their mean L0). Only models "
-                 "with exact zeros (FVU at L0 = FVU) compete on FVU at L0: a code without them, "
-                 "the KL-SAE's, reconstructs with units its L0 does not count. \"Within seed "
-                 "std\": the margin to the runner-up is no larger than the seed spread.")
+_VERDICT_NOTE = ("FVU at L0 is compared at the same L0 for every model (16, 32 or 64 active "
+                 "units, the band's target), interpolated on each model's own curve; probe "
+                 "accuracy and dead units among the configurations of the band (by their mean "
+                 "L0). Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0: a "
+                 "code without them, the KL-SAE's, reconstructs with units its L0 does not "
+                 "count. \"Within seed std\": the margin to the runner-up is no larger than the "
+                 "seed spread.")
 
 
-_HEADLINE_NOTE = ("The best setting of every model in the two sparsest L0 bands: the one with "
-                  "the lowest FVU at L0 among its settings in the band. Means over seeds; their "
-                  "spread is in the table of every configuration below.")
+_HEADLINE_NOTE = ("Every model at the same mean L0 (16 and 32 active units): its seed means "
+                  "interpolated between the two settings that bracket that L0 (\"from\"; "
+                  "linear in log L0), or one setting within 1 % of it. A model whose settings "
+                  "do not reach an L0 has no row there. Values lose: FVU at L0 − support FVU, "
+                  "what the model's values lose against the best values on its own supports.")
 
 
 # --------------------------------------------------------------------------- findings
@@ -102,8 +107,8 @@ def findings(summary, judged, dataset: str) -> list[str]:
     if len(fvu):
         wins: dict[str, list[str]] = {}
         for _, r in fvu.iterrows():
-            for i in r["winners"]:
-                wins.setdefault(str(summary.loc[i, "model"]), []).append(r["band"])
+            for model in r["models"]:
+                wins.setdefault(model, []).append(r["band"])
         text = "; ".join(f"{m} in {len(b)} of {len(fvu)} ({', '.join(b)})"
                          for m, b in sorted(wins.items(), key=lambda kv: -len(kv[1])))
         details = "; ".join(
@@ -111,7 +116,7 @@ def findings(summary, judged, dataset: str) -> list[str]:
             + (f" against {r['runner_up']} {format_criterion('fvu_at_l0', r['runner_up_score'])}"
                if r["runner_up"] else "")
             for _, r in fvu.iterrows())
-        out.append(f"Lowest FVU at L0, per L0 band: {text}. {details}.")
+        out.append(f"Lowest FVU at equal L0, per L0 band: {text}. {details}.")
     loose = rows[~exact_zeros(rows) & rows["fvu_at_l0_mean"].notna()]
     if len(loose):
         models = ", ".join(dict.fromkeys(loose["model"].astype(str)))

@@ -17,8 +17,10 @@ is derived from it:
   each criterion of :data:`CRITERIA` (FVU at L0, probe accuracy, dead units); only
   configurations with exact zeros (``fvu_at_l0 == fvu``: :func:`exact_zeros`) compete on FVU at
   L0, since a KL-SAE's FVU at its stated L0 is not the FVU it reports;
-- :func:`headline` keeps, per dataset and L0 band of :data:`HEADLINE_BANDS`, the best setting of
-  every model (lowest FVU at L0): the one-table answer the README quotes;
+- :func:`at_l0` sets every model at the same mean L0 by interpolating its own curve between the
+  two settings that bracket the target (linear in log L0; nothing extrapolated); the verdict's
+  FVU criterion and :func:`headline` (every model at L0 16 and 32, the one-table answer the
+  README quotes) use it;
 - :func:`summary_display` / :func:`kl_display` / :func:`verdict_display` /
   :func:`headline_display` turn those into tables
   of text, which :func:`to_markdown` and :func:`to_html` render; :func:`best_cells` says which
@@ -36,8 +38,10 @@ import pandas as pd
 __all__ = [
     "CONFIG_KEYS",
     "CRITERIA",
-    "HEADLINE_BANDS",
+    "BAND_TARGETS",
+    "HEADLINE_TARGETS",
     "L0_BANDS",
+    "MATCHED_METRICS",
     "PROBE_METRICS",
     "RESULT_COLUMNS",
     "SUMMARY_METRICS",
@@ -50,6 +54,8 @@ __all__ = [
     "headline_display",
     "kl_display",
     "l0_band",
+    "matched_label",
+    "at_l0",
     "match_kl",
     "results_frame",
     "summarize_seeds",
@@ -86,8 +92,15 @@ SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fractio
 # L0 bands (lower, upper]: configurations are only compared with others of similar sparsity
 L0_BANDS: tuple[tuple[float, float], ...] = ((0.0, 20.0), (20.0, 50.0), (50.0, math.inf))
 
-# the bands of the headline table: sparse (about 16 active units) and moderate (about 32)
-HEADLINE_BANDS: tuple[tuple[float, float], ...] = L0_BANDS[:2]
+# the L0 at which each band's models are compared on FVU (interpolated on each model's curve)
+BAND_TARGETS: tuple[float, ...] = (16.0, 32.0, 64.0)
+
+# the targets of the headline table: sparse (16 active units) and moderate (32)
+HEADLINE_TARGETS: tuple[float, ...] = BAND_TARGETS[:2]
+
+# metrics interpolated to a target L0 (linear in log L0 between the two nearest settings)
+MATCHED_METRICS = ["fvu_at_l0", "fvu", "support_fvu", "dead_fraction", "adaptivity",
+                   "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes"]
 
 # probe loss -> (summary metric of its test accuracy, heading in the summary table)
 PROBE_METRICS = {
@@ -189,6 +202,72 @@ def match_kl(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+# --------------------------------------------------------------------------- at equal L0
+
+
+def at_l0(summary: pd.DataFrame, targets: Iterable[float] = BAND_TARGETS) -> pd.DataFrame:
+    """Each model's metrics at the same mean L0: interpolated on its own curve.
+
+    Settings with different λ (or k) land at different mean L0, and FVU falls steeply with L0,
+    so models are compared at common target L0s instead: for each dataset, model and target t,
+    the model's settings are sorted by mean L0; a setting within 1 % of t is taken as it is,
+    otherwise the two settings that bracket t are interpolated linearly in log L0, weight
+    ``w = log(t / L0_lo) / log(L0_hi / L0_lo)``, for every metric of :data:`MATCHED_METRICS`
+    (seed means). A model whose settings do not reach t on both sides has no row: nothing is
+    extrapolated.
+
+    Returns:
+        One row per (dataset, target, model) reached: ``dataset``, ``target``, ``model``,
+        ``lo_index`` / ``hi_index`` (the ``summary`` rows used), ``kind``, ``param``,
+        ``lo_value`` / ``hi_value`` (their settings; equal when one was taken as it is),
+        ``lo_l0`` / ``hi_l0``, ``exact_zeros`` and every metric of
+        :data:`MATCHED_METRICS` with its seed std (``<metric>_std``, interpolated alike).
+        Ordered by dataset, target, then the models' order.
+    """
+    columns = ["dataset", "target", "model", "lo_index", "hi_index", "kind", "param", "lo_value",
+               "hi_value", "lo_l0",
+               "hi_l0", "exact_zeros"] + [f"{m}{s}" for m in MATCHED_METRICS for s in ("", "_std")]
+    rows = []
+    if summary.empty:
+        return pd.DataFrame(rows, columns=columns)
+    exact = exact_zeros(summary)
+    l0 = pd.to_numeric(summary["l0_mean_mean"], errors="coerce")
+    for dataset in dict.fromkeys(summary["dataset"]):
+        for target in targets:
+            for model in dict.fromkeys(summary.loc[summary["dataset"] == dataset, "model"]):
+                part = summary[(summary["dataset"] == dataset) & (summary["model"] == model)
+                               & np.isfinite(l0) & (l0 > 0)]
+                part = part.assign(_l0=l0[part.index]).sort_values("_l0", kind="stable")
+                near = part[(part["_l0"] - target).abs() <= 0.01 * target]
+                if len(near):
+                    lo = hi = near.loc[(near["_l0"] - target).abs().idxmin()]
+                    w = 0.0
+                else:
+                    below, above = part[part["_l0"] < target], part[part["_l0"] > target]
+                    if below.empty or above.empty:
+                        continue
+                    lo, hi = below.iloc[-1], above.iloc[0]
+                    w = math.log(target / lo["_l0"]) / math.log(hi["_l0"] / lo["_l0"])
+                out = {"dataset": dataset, "target": float(target), "model": model,
+                       "lo_index": lo.name, "hi_index": hi.name,
+                       "kind": lo["kind"], "param": lo["param"], "lo_value": lo["value"],
+                       "hi_value": hi["value"], "lo_l0": lo["_l0"], "hi_l0": hi["_l0"],
+                       "exact_zeros": bool(exact[lo.name] and exact[hi.name])}
+                for metric in MATCHED_METRICS:
+                    for stat, name in (("mean", metric), ("std", f"{metric}_std")):
+                        a = pd.to_numeric(pd.Series([lo[f"{metric}_{stat}"],
+                                                     hi[f"{metric}_{stat}"]]), errors="coerce")
+                        out[name] = float(a[0] + w * (a[1] - a[0])) if w else float(a[0])
+                rows.append(out)
+    return pd.DataFrame(rows, columns=columns)
+
+
+def matched_label(row: Mapping) -> str:
+    """'λ = 0.03 … 0.01' (the two settings interpolated) or 'k = 16' (one taken as it is)."""
+    first = config_label(row["param"], row["lo_value"])
+    return first if row["lo_value"] == row["hi_value"] else f"{first} … {row['hi_value']:g}"
+
+
 # --------------------------------------------------------------------------- verdict
 
 
@@ -221,73 +300,123 @@ def exact_zeros(summary: pd.DataFrame) -> pd.Series:
     return ((at_l0 - plain).abs() <= _EXACT_TOL).fillna(False).astype(bool)
 
 
-_VERDICT_COLUMNS = ["dataset", "band", "criterion", "metric", "n_candidates", "winners",
+_VERDICT_COLUMNS = ["dataset", "band", "criterion", "metric", "n_candidates", "winners", "models",
                     "winner", "score", "score_std", "runner_up", "runner_up_score", "margin",
                     "clear", "excluded"]
 
 
 def verdict(summary: pd.DataFrame, probe_loss: str = "softmax") -> pd.DataFrame:
-    """The best configuration per dataset, L0 band and criterion, from the seed means.
+    """The best model per dataset, L0 band and criterion, from the seed means.
 
-    For each dataset, each band of :data:`L0_BANDS` holding at least one configuration (by its
-    mean L0) and each criterion of :func:`criteria` (the probe trained with ``probe_loss``), the
-    configurations of the band with a
-    finite mean compete: lowest FVU at L0, highest probe accuracy, fewest dead units. Only
-    configurations with exact zeros (:func:`exact_zeros`) compete on FVU at L0; the others are
-    named in ``excluded``. Equal means (a tie, e.g. 0 % dead) all win.
+    For each dataset and each band of :data:`L0_BANDS` holding at least one configuration (by
+    its mean L0):
+
+    - FVU at L0 is compared at the same L0, the band's target in :data:`BAND_TARGETS` (16, 32,
+      64), on each model's interpolated curve (:func:`at_l0`): a setting at L0 48 would beat one
+      at L0 31 in the same band only by being less sparse. Only models with exact zeros
+      (:func:`exact_zeros`) compete; the others are named in ``excluded``; a model whose
+      settings do not reach the target on both sides is not compared.
+    - probe accuracy (the probe trained with ``probe_loss``) and dead units: the configurations
+      of the band compete, highest accuracy and fewest dead units winning.
+
+    Equal means (a tie, e.g. 0 % dead) all win.
 
     Returns:
         One row per (dataset, band, criterion) with candidates: ``n_candidates``, ``winners``
-        (list of ``summary`` index labels), ``winner`` (text: model and λ or k, ties joined by
-        ", "), ``score`` / ``score_std`` (the winner's mean and seed std), ``runner_up`` and
-        ``runner_up_score`` (the best non-winner, '' and NaN when none), ``margin`` (absolute
-        gap to it), ``clear`` (the margin exceeds both seed stds; NaN when not measurable) and
-        ``excluded`` (configurations of the band left out, as text). Bands follow
-        :data:`L0_BANDS`, datasets their order in ``summary``.
+        (list of ``summary`` index labels; for FVU at L0 only winners taken as they are, not
+        interpolated),
+        ``models`` (the winning models' names), ``winner`` (text: model and λ or k, ties
+        joined by ", "), ``score`` / ``score_std`` (the winner's mean and seed std),
+        ``runner_up`` and ``runner_up_score`` (the best non-winner, '' and NaN when none),
+        ``margin`` (absolute gap to it), ``clear`` (the margin exceeds both seed stds; NaN when
+        not measurable) and ``excluded`` (left out, as text). Bands follow :data:`L0_BANDS`,
+        datasets their order in ``summary``.
     """
     rows = []
     if summary.empty:
         return pd.DataFrame(rows, columns=_VERDICT_COLUMNS)
     bands = summary["l0_mean_mean"].map(l0_band)
-    exact = exact_zeros(summary)
+    matched = at_l0(summary)
     labels = [_band_label(lo, hi) for lo, hi in L0_BANDS]
     for dataset in dict.fromkeys(summary["dataset"]):
-        for band in labels:
+        for band, target in zip(labels, BAND_TARGETS, strict=True):
             in_band = summary[(summary["dataset"] == dataset) & (bands == band)]
             if in_band.empty:
                 continue
             for criterion, (metric, better, _) in criteria(probe_loss).items():
-                means = pd.to_numeric(in_band[f"{metric}_mean"], errors="coerce")
-                eligible = means.notna()
-                excluded = []
                 if metric == "fvu_at_l0":
-                    excluded = [_name(in_band.loc[i]) for i in in_band.index
-                                if eligible[i] and not exact[i]]
-                    eligible &= exact[in_band.index]
-                if not eligible.any():
-                    continue
-                scores = means[eligible]
-                best = scores.min() if better == "min" else scores.max()
-                winners = list(scores.index[(scores - best).abs() <= 1e-12])
-                others = scores.drop(winners)
-                out = {"dataset": dataset, "band": band, "criterion": criterion,
-                       "metric": metric, "n_candidates": int(eligible.sum()),
-                       "winners": winners,
-                       "winner": ", ".join(_name(summary.loc[i]) for i in winners),
-                       "score": float(best),
-                       "score_std": float(summary.loc[winners[0], f"{metric}_std"]),
-                       "runner_up": "", "runner_up_score": _NAN, "margin": _NAN,
-                       "clear": _NAN, "excluded": ", ".join(excluded)}
-                if len(others):
-                    second = others.idxmin() if better == "min" else others.idxmax()
-                    margin = abs(float(others[second]) - float(best))
-                    spread = [float(summary.loc[i, f"{metric}_std"]) for i in (winners[0], second)]
-                    out.update(runner_up=_name(summary.loc[second]),
-                               runner_up_score=float(others[second]), margin=margin,
-                               clear=(margin > max(spread)) if all(map(_finite, spread))
-                               else _NAN)
-                rows.append(out)
+                    at = matched[(matched["dataset"] == dataset) & (matched["target"] == target)
+                                 & matched["fvu_at_l0"].notna()]
+                    out = _matched_row(at, target)
+                else:
+                    out = _band_row(summary, in_band, metric, better)
+                if out is not None:
+                    rows.append({"dataset": dataset, "band": band, "criterion": criterion,
+                                 "metric": metric, **out})
     return pd.DataFrame(rows, columns=_VERDICT_COLUMNS)
+
+
+def _band_row(summary: pd.DataFrame, in_band: pd.DataFrame, metric: str, better: str
+              ) -> dict | None:
+    """The verdict on one criterion among the configurations of a band."""
+    means = pd.to_numeric(in_band[f"{metric}_mean"], errors="coerce")
+    scores = means[means.notna()]
+    if scores.empty:
+        return None
+    best = scores.min() if better == "min" else scores.max()
+    winners = list(scores.index[(scores - best).abs() <= 1e-12])
+    others = scores.drop(winners)
+    out = {"n_candidates": len(scores), "winners": winners,
+           "models": [str(summary.loc[i, "model"]) for i in winners],
+           "winner": ", ".join(_name(summary.loc[i]) for i in winners), "score": float(best),
+           "score_std": float(summary.loc[winners[0], f"{metric}_std"]), "runner_up": "",
+           "runner_up_score": _NAN, "margin": _NAN, "clear": _NAN, "excluded": ""}
+    if len(others):
+        second = others.idxmin() if better == "min" else others.idxmax()
+        spread = [float(summary.loc[i, f"{metric}_std"]) for i in (winners[0], second)]
+        out.update(runner_up=_name(summary.loc[second]),
+                   runner_up_score=float(others[second]),
+                   **_margin(float(best), float(others[second]), spread))
+    return out
+
+
+def _matched_row(at: pd.DataFrame, target: float) -> dict | None:
+    """The verdict on FVU at L0 among the models' curves at one target L0 (rows of at_l0)."""
+    excluded = [_matched_name(r, target) for _, r in at.iterrows() if not r["exact_zeros"]]
+    at = at[at["exact_zeros"].astype(bool)]
+    if at.empty:
+        return None
+    scores = at["fvu_at_l0"].astype(float)
+    best = scores.min()
+    tied = at[(scores - best).abs() <= 1e-12]
+    others = at.drop(tied.index)
+    # a winner taken as it is (not interpolated) has a cell in the summary table to mark
+    taken = [r["lo_index"] for _, r in tied.iterrows() if r["lo_index"] == r["hi_index"]]
+    out = {"n_candidates": len(at), "winners": taken, "models": [str(m) for m in tied["model"]],
+           "winner": ", ".join(_matched_name(r, target) for _, r in tied.iterrows()),
+           "score": float(best), "score_std": float(tied.iloc[0]["fvu_at_l0_std"]),
+           "runner_up": "", "runner_up_score": _NAN, "margin": _NAN, "clear": _NAN,
+           "excluded": ", ".join(excluded)}
+    if len(others):
+        second = others.loc[others["fvu_at_l0"].astype(float).idxmin()]
+        out.update(runner_up=_matched_name(second, target),
+                   runner_up_score=float(second["fvu_at_l0"]),
+                   **_margin(float(best), float(second["fvu_at_l0"]),
+                             [float(tied.iloc[0]["fvu_at_l0_std"]),
+                              float(second["fvu_at_l0_std"])]))
+    return out
+
+
+def _margin(best: float, second: float, spread: list[float]) -> dict:
+    margin = abs(second - best)
+    return {"margin": margin,
+            "clear": (margin > max(spread)) if all(map(_finite, spread)) else _NAN}
+
+
+def _matched_name(row: Mapping, target: float) -> str:
+    """'batchtopk at L0 16 (k = 16 … 32)': a model's curve at a target L0, as the verdict
+    names it."""
+    return f"{row['model']} at L0 {target:g} ({matched_label(row)})"
 
 
 def _name(row: pd.Series) -> str:
@@ -343,38 +472,17 @@ def verdict_display(judged: pd.DataFrame, dataset: str) -> pd.DataFrame:
 
 
 def headline(summary: pd.DataFrame) -> pd.DataFrame:
-    """The best setting of every model per dataset and band of :data:`HEADLINE_BANDS`.
-
-    Within a band (by mean L0) each model keeps its configuration with the lowest mean FVU at
-    L0 (for a code without exact zeros that is the FVU it has at the sparsity its L0 states, so
-    it is ranked on the same terms). Returns the rows of ``summary`` kept, with a ``band``
-    column, ordered by dataset, band and the models' order in ``summary``; a model without a
-    configuration in a band has no row there.
-    """
-    if summary.empty:
-        return summary.assign(band=pd.Series(dtype=str))
-    bands = summary["l0_mean_mean"].map(l0_band)
-    keep = []
-    for dataset in dict.fromkeys(summary["dataset"]):
-        for lo, hi in HEADLINE_BANDS:
-            label = _band_label(lo, hi)
-            part = summary[(summary["dataset"] == dataset) & (bands == label)]
-            for model in dict.fromkeys(part["model"]):
-                rows = part[part["model"] == model]
-                fvu = pd.to_numeric(rows["fvu_at_l0_mean"], errors="coerce")
-                best = fvu.idxmin() if fvu.notna().any() else rows.index[0]
-                keep.append((best, label))
-    out = summary.loc[[i for i, _ in keep]].copy()
-    out.insert(0, "band", [label for _, label in keep])
-    return out
+    """Every model at the L0s of :data:`HEADLINE_TARGETS` (16 and 32 active units):
+    :func:`at_l0` at those targets, the one-table answer the README quotes."""
+    return at_l0(summary, HEADLINE_TARGETS)
 
 
-# heading -> (metric, number format, scale); means over seeds
+# heading -> (metric, number format, scale); interpolated seed means
 _HEADLINE_CELLS = {
-    "L0": ("l0_mean", ".1f", 1.0),
     "FVU at L0": ("fvu_at_l0", ".4f", 1.0),
     "FVU": ("fvu", ".4f", 1.0),
     "support FVU": ("support_fvu", ".4f", 1.0),
+    "values lose": ("values_lose", ".4f", 1.0),
     "dead %": ("dead_fraction", ".1f", 100.0),
     "adaptivity": ("adaptivity", ".2f", 1.0),
     "probe acc. %": ("probe_accuracy", ".2f", 100.0),
@@ -384,18 +492,19 @@ _HEADLINE_CELLS = {
 
 
 def headline_display(summary: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """:func:`headline` of one dataset as text: one row per band and model, seed means."""
+    """:func:`headline` of one dataset as text: one row per target L0 and model, with the
+    settings interpolated ("from") and ``values lose`` = FVU at L0 − support FVU, what the
+    model's values lose against the best values on its own supports."""
     part = headline(summary)
-    part = part[part["dataset"] == dataset]
+    part = part[part["dataset"] == dataset].assign(
+        values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"])
     rows = []
     for _, row in part.iterrows():
-        cells = {"L0 band": row["band"], "model": row["model"],
-                 "λ / k": config_label(row["param"], row["value"]),
-                 "seeds": str(int(row["n_seeds"]))}
+        cells = {"L0": f"{row['target']:g}", "model": row["model"], "from": matched_label(row)}
         for head, (metric, fmt, scale) in _HEADLINE_CELLS.items():
-            cells[head] = _pm(row[f"{metric}_mean"], _NAN, fmt, scale)
+            cells[head] = _pm(row[metric], _NAN, fmt, scale)
         rows.append(cells)
-    return pd.DataFrame(rows, columns=["L0 band", "model", "λ / k", "seeds", *_HEADLINE_CELLS])
+    return pd.DataFrame(rows, columns=["L0", "model", "from", *_HEADLINE_CELLS])
 
 
 # --------------------------------------------------------------------------- text tables
