@@ -64,7 +64,8 @@ LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed), on
           "band (see the verdict).")
 
 _VERDICT_NOTE = ("FVU at L0 is compared at the same L0 for every model (16, 32 or 64 active "
-                 "units, the band's target), interpolated on each model's own curve; probe "
+                 "units, the band's target), interpolated on each model's own curve (or a "
+                 "setting within 5 % of the target, whose own L0 is named); probe "
                  "accuracy and dead units among the configurations of the band (by their mean "
                  "L0). Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0: a "
                  "code without them, the KL-SAE's, reconstructs with units its L0 does not "
@@ -72,9 +73,10 @@ _VERDICT_NOTE = ("FVU at L0 is compared at the same L0 for every model (16, 32 o
                  "seed spread.")
 
 
-_HEADLINE_NOTE = ("Every model at the same mean L0 (16 and 32 active units): its seed means "
-                  "interpolated between the two settings that bracket that L0 (\"from\"; "
-                  "linear in log L0), or one setting within 1 % of it. A model whose settings "
+_HEADLINE_NOTE = ("Every model at the same mean L0 (target: 16 and 32 active units): its seed "
+                  "means interpolated between the two settings that bracket the target "
+                  "(\"from\"; linear in log L0), or the one setting within 5 % of it, taken as "
+                  "it is (L0: the L0 the row stands for). A model whose settings "
                   "do not reach an L0 has no row there. Values lose: FVU at L0 − support FVU, "
                   "what the model's values lose against the best values on its own supports.")
 

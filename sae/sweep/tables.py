@@ -41,6 +41,7 @@ __all__ = [
     "BAND_TARGETS",
     "HEADLINE_TARGETS",
     "L0_BANDS",
+    "L0_TOLERANCE",
     "MATCHED_METRICS",
     "PROBE_METRICS",
     "RESULT_COLUMNS",
@@ -97,6 +98,10 @@ BAND_TARGETS: tuple[float, ...] = (16.0, 32.0, 64.0)
 
 # the targets of the headline table: sparse (16 active units) and moderate (32)
 HEADLINE_TARGETS: tuple[float, ...] = BAND_TARGETS[:2]
+
+# a setting whose mean L0 is within this share of a target is taken as it is, not interpolated
+# (BatchTopK's inference threshold lands its L0 near, not at, k)
+L0_TOLERANCE = 0.05
 
 # metrics interpolated to a target L0 (linear in log L0 between the two nearest settings)
 MATCHED_METRICS = ["fvu_at_l0", "fvu", "support_fvu", "dead_fraction", "adaptivity",
@@ -210,7 +215,8 @@ def at_l0(summary: pd.DataFrame, targets: Iterable[float] = BAND_TARGETS) -> pd.
 
     Settings with different λ (or k) land at different mean L0, and FVU falls steeply with L0,
     so models are compared at common target L0s instead: for each dataset, model and target t,
-    the model's settings are sorted by mean L0; a setting within 1 % of t is taken as it is,
+    the model's settings are sorted by mean L0; the setting nearest t is taken as it is when it
+    lies within :data:`L0_TOLERANCE` (5 %) of t,
     otherwise the two settings that bracket t are interpolated linearly in log L0, weight
     ``w = log(t / L0_lo) / log(L0_hi / L0_lo)``, for every metric of :data:`MATCHED_METRICS`
     (seed means). A model whose settings do not reach t on both sides has no row: nothing is
@@ -218,13 +224,15 @@ def at_l0(summary: pd.DataFrame, targets: Iterable[float] = BAND_TARGETS) -> pd.
 
     Returns:
         One row per (dataset, target, model) reached: ``dataset``, ``target``, ``model``,
-        ``lo_index`` / ``hi_index`` (the ``summary`` rows used), ``kind``, ``param``,
+        ``l0`` (the mean L0 the row stands for: the target, or the setting's own when taken as
+        it is), ``lo_index`` / ``hi_index`` (the ``summary`` rows used), ``kind``, ``param``,
         ``lo_value`` / ``hi_value`` (their settings; equal when one was taken as it is),
         ``lo_l0`` / ``hi_l0``, ``exact_zeros`` and every metric of
         :data:`MATCHED_METRICS` with its seed std (``<metric>_std``, interpolated alike).
         Ordered by dataset, target, then the models' order.
     """
-    columns = ["dataset", "target", "model", "lo_index", "hi_index", "kind", "param", "lo_value",
+    columns = ["dataset", "target", "model", "l0", "lo_index", "hi_index", "kind", "param",
+               "lo_value",
                "hi_value", "lo_l0",
                "hi_l0", "exact_zeros"] + [f"{m}{s}" for m in MATCHED_METRICS for s in ("", "_std")]
     rows = []
@@ -238,7 +246,7 @@ def at_l0(summary: pd.DataFrame, targets: Iterable[float] = BAND_TARGETS) -> pd.
                 part = summary[(summary["dataset"] == dataset) & (summary["model"] == model)
                                & np.isfinite(l0) & (l0 > 0)]
                 part = part.assign(_l0=l0[part.index]).sort_values("_l0", kind="stable")
-                near = part[(part["_l0"] - target).abs() <= 0.01 * target]
+                near = part[(part["_l0"] - target).abs() <= L0_TOLERANCE * target]
                 if len(near):
                     lo = hi = near.loc[(near["_l0"] - target).abs().idxmin()]
                     w = 0.0
@@ -249,6 +257,7 @@ def at_l0(summary: pd.DataFrame, targets: Iterable[float] = BAND_TARGETS) -> pd.
                     lo, hi = below.iloc[-1], above.iloc[0]
                     w = math.log(target / lo["_l0"]) / math.log(hi["_l0"] / lo["_l0"])
                 out = {"dataset": dataset, "target": float(target), "model": model,
+                       "l0": float(lo["_l0"]) if lo.name == hi.name else float(target),
                        "lo_index": lo.name, "hi_index": hi.name,
                        "kind": lo["kind"], "param": lo["param"], "lo_value": lo["value"],
                        "hi_value": hi["value"], "lo_l0": lo["_l0"], "hi_l0": hi["_l0"],
@@ -414,9 +423,10 @@ def _margin(best: float, second: float, spread: list[float]) -> dict:
 
 
 def _matched_name(row: Mapping, target: float) -> str:
-    """'batchtopk at L0 16 (k = 16 … 32)': a model's curve at a target L0, as the verdict
-    names it."""
-    return f"{row['model']} at L0 {target:g} ({matched_label(row)})"
+    """'jumprelu at L0 16 (λ = 0.1 … 0.03)' (interpolated) or 'batchtopk at L0 15.8 (k = 16)'
+    (a setting taken as it is): a model's curve at a target L0, as the verdict names it."""
+    at = f"{target:g}" if row["lo_value"] != row["hi_value"] else f"{row['l0']:.1f}"
+    return f"{row['model']} at L0 {at} ({matched_label(row)})"
 
 
 def _name(row: pd.Series) -> str:
@@ -500,11 +510,12 @@ def headline_display(summary: pd.DataFrame, dataset: str) -> pd.DataFrame:
         values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"])
     rows = []
     for _, row in part.iterrows():
-        cells = {"L0": f"{row['target']:g}", "model": row["model"], "from": matched_label(row)}
+        cells = {"target": f"{row['target']:g}", "L0": f"{row['l0']:.1f}", "model": row["model"],
+                 "from": matched_label(row)}
         for head, (metric, fmt, scale) in _HEADLINE_CELLS.items():
             cells[head] = _pm(row[metric], _NAN, fmt, scale)
         rows.append(cells)
-    return pd.DataFrame(rows, columns=["L0", "model", "from", *_HEADLINE_CELLS])
+    return pd.DataFrame(rows, columns=["target", "L0", "model", "from", *_HEADLINE_CELLS])
 
 
 # --------------------------------------------------------------------------- text tables
