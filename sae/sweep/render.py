@@ -4,13 +4,14 @@
 seeds and matches them with the KL-SAE (:mod:`sae.sweep.tables`), draws the plots
 (:mod:`sae.figures`) and writes every file of :data:`FIGURE_FILES` plus the tables.
 
-Both pages open with the verdict: per dataset and L0 band, the best configuration on FVU at L0
-(only models with exact zeros compete), probe accuracy and dead units
-(:func:`sae.sweep.tables.verdict`), a findings paragraph written from that same verdict
-(:func:`findings`), and the best cells of the tables marked. They link to what lies beside them
-(:func:`related_links`): the other dataset's comparison page, the figure gallery and each run's
-report, each only where the file exists, so a published copy without ``runs/`` names no run
-report (:func:`publish_page` renders that copy).
+Both pages open with the verdict: per dataset and L0 band, the best model on FVU at the band's
+target L0 (each model's curve interpolated there; only models with exact zeros compete), and the
+best configuration on probe accuracy and dead units (:func:`sae.sweep.tables.verdict`), a
+findings paragraph written from that same verdict (:func:`findings`), the headline table (every
+model at L0 16 and 32, :func:`sae.sweep.tables.headline`), and the best cells of the tables
+marked. They link to what lies beside them (:func:`related_links`): the other comparison pages
+beside this one, the figure gallery and each run's report, each only where the file exists, so a
+published copy without ``runs/`` names no run report (:func:`publish_page` renders that copy).
 """
 
 from __future__ import annotations
