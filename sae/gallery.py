@@ -2,7 +2,8 @@
 
 Trains (or reuses) one default run per dataset × model through ``python -m sae.run`` and copies
 its final decoder atoms, sorted firing frequencies, class × unit heatmap and sparsity histogram
-into ``--out``, with a README.md table of the runs' test metrics and the command that made it.
+into ``--out``, with a README.md table of the runs' test metrics, the command that made it and
+links to the published comparisons in ``--out``/../compare/.
 Every figure names its dataset, model and λ in its title (the figure callback writes them), and
 the firing-frequency figures share one fixed log axis, so the same height means the same
 frequency side by side.
@@ -86,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         "Files: `<dataset>-<model>-<kind>.png` for kind in " + ", ".join(KINDS) + ". Each "
         "image's title names its dataset, model and λ; the activation_frequency figures share "
         "one fixed log scale (10⁻⁴ to 1), so they compare side by side.", ""]
+    compare = sorted((out.parent / "compare").glob("*/comparison.md"))
+    if compare:  # the published comparisons beside the gallery
+        lines += ["Comparisons: " + " · ".join(
+            f"[{p.parent.name}](../compare/{p.parent.name}/comparison.md)" for p in compare), ""]
     write_text(out / "README.md", "\n".join(lines))
     print(f"gallery written to {out}")
     return 0
