@@ -1,0 +1,35 @@
+"""python -m sae.gallery over finished runs: figures copied, metrics tabled, comparisons linked."""
+
+import json
+
+from sae import gallery
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"0" * 16
+
+
+def finished_run(folder, lam=0.01):
+    (folder / "metrics.json").parent.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({
+        "lam": lam, "mse": 0.01, "fvu": 0.125, "fvu_at_l0": 0.125, "l0_mean": 30.0,
+        "l0_std": 5.0, "dead_fraction": 0.01, "dense_fraction": 0.0, "wall_time_s": 60.0}))
+    for kind in gallery.KINDS:
+        (folder / "figures" / kind).mkdir(parents=True)
+        for epoch in (2, 10):  # the latest epoch is the one copied
+            (folder / "figures" / kind / f"epoch_{epoch}.png").write_bytes(PNG + bytes([epoch]))
+
+
+def test_gallery_of_finished_runs_links_the_comparisons(tmp_path, capsys):
+    runs, out = tmp_path / "runs", tmp_path / "figures" / "gallery"
+    for dataset in gallery.DATASETS:
+        for model in gallery.MODELS:
+            finished_run(runs / f"{dataset}-{model}")
+    for preset in ("mnist", "wide"):
+        (tmp_path / "figures" / "compare" / preset).mkdir(parents=True)
+        (tmp_path / "figures" / "compare" / preset / "comparison.md").write_text("x")
+    assert gallery.main(["--out", str(out), "--runs", str(runs)]) == 0  # nothing is trained
+    copied = out / "mnist-sparsemax-decoder_atoms.png"
+    assert copied.read_bytes() == PNG + bytes([10])
+    readme = (out / "README.md").read_text()
+    assert readme.count("| 0.125 |") == len(gallery.DATASETS) * len(gallery.MODELS)
+    assert ("Comparisons: [mnist](../compare/mnist/comparison.md) · "
+            "[wide](../compare/wide/comparison.md)") in readme
