@@ -1,24 +1,10 @@
-"""Feature browser: what makes each unit fire, one self-contained ``features.html`` per run.
+"""The feature browser's page: per-unit statistics and images in, one self-contained HTML string
+out (:func:`render_features_page`).
 
-Usage::
-
-    python -m sae.features <run-folder> [--data-dir DIR] [--out FILE]
-
-For every unit (dead ones included) the page shows its decoder atom, its top activating test
-inputs with their activations and labels, a histogram of its activations, its firing frequency,
-the classes it fires on and how selective it is for one of them. An index at the top lists all
-units and sorts / filters them with a little inline JavaScript; a t-SNE of the test codes
-(:mod:`sae.embedding`) opens the page.
-
-Three layers, each usable alone:
-
-- :func:`feature_stats`: pure numpy, codes and labels in, per-unit statistics out;
-- :func:`render_features_page`: statistics and images in, one HTML string out. No network and no
-  external references: the atoms and the top inputs are two sprite-sheet PNGs inlined once as
-  ``data:`` URIs (each tile a CSS ``background-position``), histograms and class bars are inline
-  SVG, so a 512-unit page stays a few MB and opens quickly;
-- :func:`build_features`: a run folder in, ``features.html`` (and
-  ``figures/code_embedding/epoch_<E>.png`` (E: the checkpoint's epoch)) out.
+No network and no external references: the atoms and the top inputs are two sprite-sheet PNGs
+inlined once as ``data:`` URIs (each tile a CSS ``background-position``), histograms and class
+bars are inline SVG, and sorting / filtering the index is a little inline JavaScript, so a
+512-unit page stays a few MB and opens quickly.
 """
 
 from __future__ import annotations
@@ -26,168 +12,21 @@ from __future__ import annotations
 import base64
 import io
 import math
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
-import yaml
 from markupsafe import escape as esc
 
-from sae.io import write_text
 from sae.pages import PAGE_CSS, inline_png
-from sae.report import RunFolderError
 
-__all__ = ["DENSE_LIMIT", "HIST_BINS", "N_TOP", "build_features", "feature_stats", "main",
-           "render_features_page"]
+__all__ = ["render_features_page"]
 
-N_TOP = 16  # top activating inputs kept per unit
-HIST_BINS = 20  # bins of each unit's activation histogram
-DENSE_LIMIT = 0.5  # fires on more than this share of inputs: dense (as metrics.dense_fraction)
 _SCALE_ATOM = 3  # on-page pixels per image pixel
 _SCALE_INPUT = 2
 _SPRITE_COLS = 64  # tiles per row of a sprite sheet
 _GREY_LEVELS = 16  # grey levels of the input sprite (4-bit PNG)
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: np.ndarray,
-                  threshold: float = 0.0, n_top: int = N_TOP, n_classes: int | None = None,
-                  bins: int = HIST_BINS) -> dict[str, np.ndarray]:
-    """Per-unit statistics of a code over an evaluation set.
-
-    A unit *fires* on an input when its code value is above ``threshold``
-    (:func:`sae.metrics.active`: strict, NaN never fires).
-
-    Args:
-        codes: ``[N, H]`` code activations, N ≥ 1.
-        labels: ``[N]`` integer classes in ``[0, n_classes)``.
-        x: ``[N, D]`` the inputs (their mean is the reference of ``atom_cosine``).
-        atoms: ``[D, H]`` what each unit draws (``model.atoms()``).
-        threshold: firing threshold (``model.fire_threshold``).
-        n_top: how many top activating inputs to keep per unit.
-        n_classes: number of classes (default ``labels.max() + 1``).
-        bins: bins of each unit's activation histogram.
-
-    Returns:
-        numpy arrays, H units, C classes, K = ``n_top``:
-
-        - ``frequency`` [H]: share of inputs the unit fires on; ``fire_count`` [H] the count;
-        - ``mean_activation``, ``max_activation`` [H]: over the inputs it fires on (0 if dead);
-        - ``class_rate`` [H, C]: share of the inputs of each class that it fires on;
-        - ``class_dist`` [H, C]: ``class_rate`` normalised to sum 1 per unit: the class
-          distribution of its firing with every class weighted equally (so an unequal number of
-          test inputs per class does not look like a preference); all 0 for a dead unit;
-        - ``selectivity`` [H]: ``1 − H(class_dist) / log C'``, H the Shannon entropy and C' the
-          number of classes present (:func:`sae.metrics.class_selectivity`): 1 for a unit that
-          fires on one class only, 0 for one that fires at the same rate in every class. NaN for
-          dead units and when C' < 2;
-        - ``preferred_class`` [H]: argmax of ``class_rate``, -1 for dead units;
-        - ``top_index``, ``top_activation``, ``top_label`` [H, K]: the inputs with the largest
-          activation, largest first, and their classes; slots beyond the unit's firing count
-          hold index -1, activation 0 and label -1;
-        - ``hist_counts`` [H, bins], ``hist_edges`` [H, bins + 1]: histogram of the activations
-          of the inputs it fires on, ``bins`` equal bins from ``threshold`` to its max
-          activation; the counts sum to ``fire_count``;
-        - ``dead`` [H]: fires on no input; ``dense`` [H]: fires on more than half of them;
-        - ``atom_cosine`` [H]: cosine between the unit's atom and the mean of its top inputs
-          minus the mean input: near 1 when the atom draws what makes the unit fire (NaN if
-          dead);
-        - ``atoms`` [H, D]: the atoms, one row per unit;
-        - ``n_inputs``, ``threshold``: 0-d arrays.
-    """
-    import torch
-
-    from sae.metrics import active, class_selectivity
-
-    codes = np.asarray(codes, dtype=np.float32)
-    labels = np.asarray(labels).astype(np.int64).ravel()
-    if codes.ndim != 2 or len(codes) == 0:
-        raise ValueError(f"codes must be [N >= 1, H], got shape {codes.shape}")
-    n, h = codes.shape
-    x = np.asarray(x, dtype=np.float32).reshape(n, -1)
-    atoms = np.asarray(atoms, dtype=np.float32)
-    if len(labels) != n:
-        raise ValueError(f"{n} codes but {len(labels)} labels")
-    if atoms.ndim != 2 or atoms.shape[1] != h:
-        raise ValueError(f"atoms must be [D, {h}], got shape {atoms.shape}")
-    c = int(n_classes) if n_classes is not None else int(labels.max()) + 1
-    if labels.min() < 0 or labels.max() >= c:
-        raise ValueError(f"labels must lie in [0, {c}), got [{labels.min()}, {labels.max()}]")
-    if n_top < 1 or bins < 1:
-        raise ValueError("n_top and bins must be >= 1")
-
-    fires = active(torch.from_numpy(codes), threshold).numpy()  # [N, H]
-    count = fires.sum(0)
-    dead = count == 0
-    live = np.where(fires, codes, 0.0)
-    mean_act = np.where(dead, 0.0, live.sum(0, dtype=np.float64) / np.maximum(count, 1))
-    max_act = np.where(dead, 0.0, np.where(fires, codes, -np.inf).max(0))
-
-    onehot = np.zeros((n, c), dtype=np.float32)
-    onehot[np.arange(n), labels] = 1.0
-    class_total = onehot.sum(0)
-    class_rate = (fires.T.astype(np.float32) @ onehot) / np.maximum(class_total, 1)  # [H, C]
-    rate_sum = class_rate.sum(1, keepdims=True)
-    class_dist = class_rate / np.where(rate_sum > 0, rate_sum, 1.0)
-    preferred, selectivity = (t.numpy() for t in class_selectivity(
-        torch.from_numpy(class_rate.T), torch.from_numpy(class_total > 0)))
-
-    k = min(n_top, n)
-    part = np.argpartition(-codes, k - 1, axis=0)[:k]  # [k, H], NaN sorts last
-    vals = np.take_along_axis(codes, part, 0)
-    order = np.argsort(-vals, axis=0, kind="stable")
-    top_index = np.take_along_axis(part, order, 0).T  # [H, k]
-    top_act = np.take_along_axis(vals, order, 0).T
-    top_fired = np.take_along_axis(fires, top_index.T, 0).T
-    top_index = np.where(top_fired, top_index, -1)
-    top_act = np.where(top_fired, top_act, 0.0)
-    if k < n_top:
-        top_index = np.pad(top_index, ((0, 0), (0, n_top - k)), constant_values=-1)
-        top_act = np.pad(top_act, ((0, 0), (0, n_top - k)))
-
-    rows, units = np.nonzero(fires)
-    width = (max_act - threshold) / bins
-    width = np.where(width > 0, width, 1.0)
-    which = np.floor((codes[rows, units] - threshold) / width[units]).astype(np.int64)
-    which = np.clip(which, 0, bins - 1)
-    hist = np.bincount(units * bins + which, minlength=h * bins).reshape(h, bins)
-    edges = threshold + (max_act - threshold)[:, None] * np.linspace(0.0, 1.0, bins + 1)[None]
-
-    valid = top_index >= 0
-    gathered = x[np.where(valid, top_index, 0)] * valid[..., None]  # [H, K, D]
-    top_mean = gathered.sum(1) / np.maximum(valid.sum(1), 1)[:, None] - x.mean(0)
-    unit_atoms = atoms.T  # [H, D]
-    norms = np.linalg.norm(top_mean, axis=1) * np.linalg.norm(unit_atoms, axis=1)
-    cosine = (top_mean * unit_atoms).sum(1) / np.where(norms > 0, norms, 1.0)
-    cosine = np.where(dead | (norms == 0), np.nan, cosine)
-
-    return {
-        "frequency": count / n,
-        "fire_count": count.astype(np.int64),
-        "mean_activation": mean_act,
-        "max_activation": max_act,
-        "class_rate": class_rate,
-        "class_dist": class_dist,
-        "selectivity": selectivity,
-        "preferred_class": preferred.astype(np.int64),
-        "top_index": top_index.astype(np.int64),
-        "top_activation": top_act,
-        "top_label": np.where(top_index >= 0, labels[np.maximum(top_index, 0)], -1),
-        "hist_counts": hist.astype(np.int64),
-        "hist_edges": edges,
-        "dead": dead,
-        "dense": count / n > DENSE_LIMIT,
-        "atom_cosine": cosine,
-        "atoms": unit_atoms,
-        "n_inputs": np.asarray(n),
-        "threshold": np.asarray(float(threshold)),
-    }
-
-
-# --------------------------------------------------------------------------- sprite sheets
 
 
 def _sprite_png(tiles: np.ndarray, palette: Sequence[int]) -> tuple[bytes, int]:
@@ -603,130 +442,3 @@ its top {stats["top_index"].shape[1]} test inputs (activation above, label below
 </body>
 </html>
 """
-
-
-# --------------------------------------------------------------------------- run folder
-
-
-def _checked_run(run_dir: Path) -> tuple[dict, Path]:
-    """The run's settings (``config.yaml``) and checkpoint path, checked without heavy imports.
-
-    Raises:
-        RunFolderError: missing folder, no readable ``config.yaml``, or no ``last.ckpt``.
-    """
-    if not run_dir.exists():
-        raise RunFolderError(f"run folder not found: {run_dir}")
-    if not run_dir.is_dir():
-        raise RunFolderError(f"not a folder: {run_dir}")
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RunFolderError(f"cannot read {path}: {exc}") from None
-    if not isinstance(config, dict):
-        raise RunFolderError(f"{path} does not hold a mapping of settings")
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
-    if not ckpt.is_file():
-        raise RunFolderError(f"no checkpoint: {ckpt} does not exist (has the run trained?)")
-    return config, ckpt
-
-
-def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
-                   max_inputs: int | None = None, out: str | Path | None = None) -> Path:
-    """Write a run's feature browser (default ``<run_dir>/features.html``) and return its path.
-
-    Loads ``checkpoints/last.ckpt``, reads the test split the run used (its ``dataset`` and
-    ``limit_test`` from ``config.yaml``; ``data_dir`` overrides the run's ``data_dir``, which
-    falls back to ``$SAE_DATA_DIR`` as in :func:`sae.data.load_arrays`), encodes it, computes
-    :func:`feature_stats` with the model's ``fire_threshold``, saves the code embedding as
-    ``figures/code_embedding/epoch_<E>.png`` (E: the checkpoint's epoch) and writes the page
-    atomically.
-
-    Args:
-        run_dir: a run folder written by ``python -m sae.run``.
-        data_dir: folder of the IDX files, if not the run's.
-        max_inputs: use only the first this many test inputs (after ``limit_test``).
-        out: where to write the page instead of ``<run_dir>/features.html``.
-
-    Raises:
-        RunFolderError: not a run folder, or no readable checkpoint.
-        sae.data.DataSourceError: the test split cannot be found.
-    """
-    run_dir = Path(run_dir)
-    config, ckpt = _checked_run(run_dir)
-
-    from sae.checkpoints import CheckpointError, read_checkpoint
-    from sae.data import CLASS_NAMES, load_arrays, to_float
-    from sae.embedding import embedding_figure
-    from sae.figures import save_png
-    from sae.models import encode_dataset, model_from_checkpoint
-
-    dataset = str(config.get("dataset", "mnist"))
-    arrays = load_arrays(dataset, data_dir if data_dir is not None else config.get("data_dir"))
-    images, labels = arrays.test_images, arrays.test_labels
-    for limit in (config.get("limit_test"), max_inputs):
-        if limit:
-            images, labels = images[:int(limit)], labels[:int(limit)]
-    try:
-        state = read_checkpoint(ckpt)
-        model, epoch = model_from_checkpoint(state), int(state.get("epoch", 0))
-    except (CheckpointError, OSError, RuntimeError, KeyError) as exc:
-        raise RunFolderError(f"cannot load {ckpt}: {exc}") from None
-    x = to_float(images)
-    _, codes = encode_dataset(model, x)
-    class_names = CLASS_NAMES.get(dataset, [str(c) for c in range(int(labels.max()) + 1)])
-    stats = feature_stats(codes.numpy(), labels, x.numpy(), model.atoms().cpu().numpy(),
-                          model.fire_threshold, n_classes=len(class_names))
-    figure = save_png(embedding_figure(codes.numpy(), labels, class_names),
-                      run_dir / "figures" / "code_embedding" / f"epoch_{epoch}.png")
-    name = str(config.get("name") or run_dir.resolve().name)
-    subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
-                f"checkpoint {ckpt.relative_to(run_dir)}")
-    page = render_features_page(stats, images, name, class_names, subtitle,
-                                embedding_png=figure.read_bytes())
-    target = Path(out) if out is not None else run_dir / "features.html"
-    write_text(target, page)
-    return target
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def main(argv: list[str] | None = None) -> int:
-    from sae.cli import OneLineParser, UsageError  # light: no torch, no Lightning
-
-    parser = OneLineParser(prog="python -m sae.features",
-                           description="Write <run-folder>/features.html: what each unit of a "
-                                       "trained SAE responds to.")
-    parser.add_argument("run", type=Path, help="run folder (holds config.yaml, checkpoints/)")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="folder with the IDX files (default: the run's, $SAE_DATA_DIR)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write the page here (default: <run-folder>/features.html)")
-    parser.add_argument("--max-inputs", type=int, default=None,
-                        help="use only the first N test inputs")
-    try:
-        args = parser.parse_args(argv)
-        if args.max_inputs is not None and args.max_inputs < 1:
-            raise UsageError(f"--max-inputs must be >= 1, got {args.max_inputs}")
-        if args.out is not None and not args.out.parent.is_dir():
-            raise UsageError(f"--out: folder {args.out.parent} does not exist")
-        _checked_run(args.run)  # answer a wrong folder before importing torch
-    except (UsageError, RunFolderError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from sae.data import DataSourceError
-
-    try:
-        path = build_features(args.run, args.data_dir, args.max_inputs, args.out)
-    except (RunFolderError, DataSourceError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

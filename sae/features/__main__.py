@@ -1,0 +1,47 @@
+"""python -m sae.features <run-folder>: write the run's feature browser."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sae.features.build import build_features, checked_run
+from sae.report import RunFolderError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sae.cli import OneLineParser, UsageError  # light: no torch, no Lightning
+
+    parser = OneLineParser(prog="python -m sae.features",
+                           description="Write <run-folder>/features.html: what each unit of a "
+                                       "trained SAE responds to.")
+    parser.add_argument("run", type=Path, help="run folder (holds config.yaml, checkpoints/)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder with the IDX files (default: the run's, $SAE_DATA_DIR)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the page here (default: <run-folder>/features.html)")
+    parser.add_argument("--max-inputs", type=int, default=None,
+                        help="use only the first N test inputs")
+    try:
+        args = parser.parse_args(argv)
+        if args.max_inputs is not None and args.max_inputs < 1:
+            raise UsageError(f"--max-inputs must be >= 1, got {args.max_inputs}")
+        if args.out is not None and not args.out.parent.is_dir():
+            raise UsageError(f"--out: folder {args.out.parent} does not exist")
+        checked_run(args.run)  # answer a wrong folder before importing torch
+    except (UsageError, RunFolderError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from sae.data import DataSourceError
+
+    try:
+        path = build_features(args.run, args.data_dir, args.max_inputs, args.out)
+    except (RunFolderError, DataSourceError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""A run folder in, its ``features.html`` out (:func:`build_features`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from sae.features.page import render_features_page
+from sae.features.stats import feature_stats
+from sae.io import write_text
+from sae.report import RunFolderError
+
+__all__ = ["build_features", "checked_run"]
+
+
+
+def checked_run(run_dir: Path) -> tuple[dict, Path]:
+    """The run's settings (``config.yaml``) and checkpoint path, checked without heavy imports.
+
+    Raises:
+        RunFolderError: missing folder, no readable ``config.yaml``, or no ``last.ckpt``.
+    """
+    if not run_dir.exists():
+        raise RunFolderError(f"run folder not found: {run_dir}")
+    if not run_dir.is_dir():
+        raise RunFolderError(f"not a folder: {run_dir}")
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RunFolderError(f"cannot read {path}: {exc}") from None
+    if not isinstance(config, dict):
+        raise RunFolderError(f"{path} does not hold a mapping of settings")
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        raise RunFolderError(f"no checkpoint: {ckpt} does not exist (has the run trained?)")
+    return config, ckpt
+
+
+def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
+                   max_inputs: int | None = None, out: str | Path | None = None) -> Path:
+    """Write a run's feature browser (default ``<run_dir>/features.html``) and return its path.
+
+    Loads ``checkpoints/last.ckpt``, reads the test split the run used (its ``dataset`` and
+    ``limit_test`` from ``config.yaml``; ``data_dir`` overrides the run's ``data_dir``, which
+    falls back to ``$SAE_DATA_DIR`` as in :func:`sae.data.load_arrays`), encodes it, computes
+    :func:`feature_stats` with the model's ``fire_threshold``, saves the code embedding as
+    ``figures/code_embedding/epoch_<E>.png`` (E: the checkpoint's epoch) and writes the page
+    atomically.
+
+    Args:
+        run_dir: a run folder written by ``python -m sae.run``.
+        data_dir: folder of the IDX files, if not the run's.
+        max_inputs: use only the first this many test inputs (after ``limit_test``).
+        out: where to write the page instead of ``<run_dir>/features.html``.
+
+    Raises:
+        RunFolderError: not a run folder, or no readable checkpoint.
+        sae.data.DataSourceError: the test split cannot be found.
+    """
+    run_dir = Path(run_dir)
+    config, ckpt = checked_run(run_dir)
+
+    from sae.checkpoints import CheckpointError, read_checkpoint
+    from sae.data import CLASS_NAMES, load_arrays, to_float
+    from sae.embedding import embedding_figure
+    from sae.figures import save_png
+    from sae.models import encode_dataset, model_from_checkpoint
+
+    dataset = str(config.get("dataset", "mnist"))
+    arrays = load_arrays(dataset, data_dir if data_dir is not None else config.get("data_dir"))
+    images, labels = arrays.test_images, arrays.test_labels
+    for limit in (config.get("limit_test"), max_inputs):
+        if limit:
+            images, labels = images[:int(limit)], labels[:int(limit)]
+    try:
+        state = read_checkpoint(ckpt)
+        model, epoch = model_from_checkpoint(state), int(state.get("epoch", 0))
+    except (CheckpointError, OSError, RuntimeError, KeyError) as exc:
+        raise RunFolderError(f"cannot load {ckpt}: {exc}") from None
+    x = to_float(images)
+    _, codes = encode_dataset(model, x)
+    class_names = CLASS_NAMES.get(dataset, [str(c) for c in range(int(labels.max()) + 1)])
+    stats = feature_stats(codes.numpy(), labels, x.numpy(), model.atoms().cpu().numpy(),
+                          model.fire_threshold, n_classes=len(class_names))
+    figure = save_png(embedding_figure(codes.numpy(), labels, class_names),
+                      run_dir / "figures" / "code_embedding" / f"epoch_{epoch}.png")
+    name = str(config.get("name") or run_dir.resolve().name)
+    subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
+                f"checkpoint {ckpt.relative_to(run_dir)}")
+    page = render_features_page(stats, images, name, class_names, subtitle,
+                                embedding_png=figure.read_bytes())
+    target = Path(out) if out is not None else run_dir / "features.html"
+    write_text(target, page)
+    return target
