@@ -487,37 +487,6 @@ def headline(summary: pd.DataFrame) -> pd.DataFrame:
     return at_l0(summary, HEADLINE_TARGETS)
 
 
-# heading -> (metric, number format, scale); interpolated seed means
-_HEADLINE_CELLS = {
-    "FVU at L0": ("fvu_at_l0", ".4f", 1.0),
-    "FVU": ("fvu", ".4f", 1.0),
-    "support FVU": ("support_fvu", ".4f", 1.0),
-    "values lose": ("values_lose", ".4f", 1.0),
-    "dead %": ("dead_fraction", ".1f", 100.0),
-    "adaptivity": ("adaptivity", ".2f", 1.0),
-    "probe acc. %": ("probe_accuracy", ".2f", 100.0),
-    "sparsemax probe %": ("probe_sparsemax_accuracy", ".2f", 100.0),
-    "probe classes": ("probe_sparsemax_classes", ".2f", 1.0),
-}
-
-
-def headline_display(summary: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """:func:`headline` of one dataset as text: one row per target L0 and model, with the
-    settings interpolated ("from") and ``values lose`` = FVU at L0 − support FVU, what the
-    model's values lose against the best values on its own supports."""
-    part = headline(summary)
-    part = part[part["dataset"] == dataset].assign(
-        values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"])
-    rows = []
-    for _, row in part.iterrows():
-        cells = {"target": f"{row['target']:g}", "L0": f"{row['l0']:.1f}", "model": row["model"],
-                 "from": matched_label(row)}
-        for head, (metric, fmt, scale) in _HEADLINE_CELLS.items():
-            cells[head] = _pm(row[metric], _NAN, fmt, scale)
-        rows.append(cells)
-    return pd.DataFrame(rows, columns=["target", "L0", "model", "from", *_HEADLINE_CELLS])
-
-
 # --------------------------------------------------------------------------- text tables
 
 
@@ -590,6 +559,33 @@ def summary_display(summary: pd.DataFrame, dataset: str,
                 cells[head] = _pm(raw[metric], _NAN, fmt, scale, unit)
         rows.append(cells)
     return pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS])
+
+
+# the headline's columns: the summary table's cells (same metrics and formats, interpolated seed
+# means without ±) and what the values lose against the best values on the same supports
+_HEADLINE_CELLS = {
+    **{head: _SUMMARY_CELLS[head] for head in ("FVU at L0", "FVU", "support FVU")},
+    "values lose": ("values_lose", ".4f", 1.0, ""),
+    **{head: _SUMMARY_CELLS[head] for head in ("dead %", "adaptivity", "probe acc. %",
+                                               "sparsemax probe %", "probe classes")},
+}
+
+
+def headline_display(summary: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """:func:`headline` of one dataset as text: one row per target L0 and model, with the
+    settings interpolated ("from") and ``values lose`` = FVU at L0 − support FVU, what the
+    model's values lose against the best values on its own supports."""
+    part = headline(summary)
+    part = part[part["dataset"] == dataset].assign(
+        values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"])
+    rows = []
+    for _, row in part.iterrows():
+        cells = {"target": f"{row['target']:g}", "L0": f"{row['l0']:.1f}", "model": row["model"],
+                 "from": matched_label(row)}
+        for head, (metric, fmt, scale, unit) in _HEADLINE_CELLS.items():
+            cells[head] = _pm(row[metric], _NAN, fmt, scale, unit)
+        rows.append(cells)
+    return pd.DataFrame(rows, columns=["target", "L0", "model", "from", *_HEADLINE_CELLS])
 
 
 def kl_display(matched: pd.DataFrame, dataset: str) -> pd.DataFrame:
