@@ -24,7 +24,7 @@ from pathlib import Path
 import lightning.pytorch as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 DATASETS: dict[str, str] = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 CLASS_NAMES: dict[str, list[str]] = {
@@ -104,6 +104,26 @@ def _read_folder(folder: Path) -> ImageArrays:
         arrays["test_images"], arrays["test_labels"].astype(np.int64), source=str(folder))
 
 
+_READ: dict[tuple, ImageArrays] = {}  # the folders read last, for processes that train many runs
+
+
+def _read_folder_once(folder: Path) -> ImageArrays:
+    """:func:`_read_folder`, remembered while the files stay the same (path, size, mtime), so a
+    process that trains run after run (a sweep worker) reads and unzips a dataset once."""
+    stamp = [str(folder.resolve())]
+    for stem in IDX_FILES.values():
+        path = _idx_path(folder, stem)
+        info = path.stat() if path is not None else None
+        stamp.append((path.name, info.st_size, info.st_mtime_ns) if info else None)
+    key = tuple(stamp)
+    if key not in _READ:
+        arrays = _read_folder(folder)
+        while len(_READ) >= 2:  # both datasets of a sweep, no more
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = arrays
+    return _READ[key]
+
+
 def _has_any_idx(folder: Path) -> bool:
     return any(_idx_path(folder, stem) for stem in IDX_FILES.values())
 
@@ -136,7 +156,7 @@ def load_arrays(dataset: str, data_dir: str | Path | None = None,
 
     for folder in candidate_folders(dataset, data_dir, cache_dir):
         if folder.is_dir() and _has_any_idx(folder):
-            return _read_folder(folder)  # a partial folder is an error naming the missing file
+            return _read_folder_once(folder)  # a partial folder: an error naming the file
 
     if download and not os.environ.get("SAE_OFFLINE"):
         try:
@@ -188,6 +208,29 @@ class IndexedTensors(Dataset):
         return self.images[idx], self.labels[idx]
 
 
+class EpochShuffle(Sampler):
+    """A new order of n rows every epoch, drawn from (seed, epoch) alone.
+
+    torch's ``RandomSampler`` draws each epoch's order from the global generator, whose state a
+    checkpoint does not hold, so a run resumed at an epoch boundary would see other batches than
+    one never stopped. Lightning calls ``set_epoch`` at the start of every epoch.
+    """
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
+        g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
 def keep_batch(batch):
     """Collate for ``IndexedTensors``: the batch is already stacked."""
     return batch
@@ -204,8 +247,9 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(self, dataset: str = "mnist", data_dir: str | None = None, batch_size: int = 256,
                  val_size: int = 5000, split_seed: int = 0, limit_train: int | None = None,
                  limit_test: int | None = None, cache_dir: str | None = None,
-                 download: bool = True):
+                 download: bool = True, shuffle_seed: int = 0):
         super().__init__()
+        self.shuffle_seed = shuffle_seed  # the training order's seed (EpochShuffle)
         self.dataset, self.data_dir, self.cache_dir = dataset, data_dir, cache_dir
         self.batch_size, self.val_size, self.split_seed = batch_size, val_size, split_seed
         self.limit_train, self.limit_test, self.download = limit_train, limit_test, download
@@ -243,7 +287,8 @@ class ImageDataModule(L.LightningDataModule):
         return self.train_x.mean(0)
 
     def _loader(self, x: torch.Tensor, y: torch.Tensor, shuffle: bool) -> DataLoader:
-        return DataLoader(IndexedTensors(x, y), batch_size=self.batch_size, shuffle=shuffle,
+        sampler = EpochShuffle(len(x), self.shuffle_seed) if shuffle else None
+        return DataLoader(IndexedTensors(x, y), batch_size=self.batch_size, sampler=sampler,
                           collate_fn=keep_batch, num_workers=0, drop_last=False)
 
     def train_dataloader(self) -> DataLoader:

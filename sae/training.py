@@ -42,6 +42,27 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
+def _epoch_seed(seed: int, epoch: int) -> int:
+    import numpy as np
+
+    state = np.random.SeedSequence([seed, epoch, 1]).generate_state(2)
+    return int(state[0]) << 32 | int(state[1])
+
+
+def EpochSeed(seed: int):
+    """A callback that seeds torch's global generator from (seed, epoch) as each training epoch
+    starts, so that the randomness of an epoch (dead-unit resampling) does not depend on whether
+    the run was resumed: a checkpoint does not hold the generator's state."""
+    import lightning.pytorch as L
+    import torch
+
+    class _EpochSeed(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module) -> None:
+            torch.manual_seed(_epoch_seed(seed, trainer.current_epoch))
+
+    return _EpochSeed()
+
+
 def checkpoint_to_resume(args: argparse.Namespace) -> Path:
     if args.resume in (None, "last"):
         return Path(args.out) / "checkpoints" / "last.ckpt"
@@ -95,6 +116,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
 
     from sae import runfolder
     from sae.checkpoints import check_compatible, read_checkpoint
+    from sae.convergence import last_epoch_change, read_validation
     from sae.data import DataSourceError, ImageDataModule
     from sae.evaluate import evaluate
     from sae.io import write_json
@@ -118,7 +140,8 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
             legacy_seconds = float(state.get("train_seconds", 0.0))  # an earlier version's
 
     dm = ImageDataModule(args.dataset, args.data_dir, args.batch_size, args.val_size,
-                         limit_train=args.limit_train, limit_test=args.limit_test)
+                         limit_train=args.limit_train, limit_test=args.limit_test,
+                         shuffle_seed=args.seed)
     dm.load()
     if len(dm.train_x) < 2:
         raise DataSourceError(f"training needs at least 2 images, got {len(dm.train_x)} "
@@ -149,6 +172,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         ModelCheckpoint(dirpath=out / "checkpoints", filename="last", monitor=None,
                         save_top_k=1, enable_version_counter=False),
         timer,
+        EpochSeed(args.seed),
     ]
     from sae.models import training_callbacks
 
@@ -187,6 +211,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         return {}
 
     result, _ = evaluate(model, dm.test_x, dm.train_x, mean)
+    result.update(last_epoch_change(read_validation(out / "metrics.csv")))
     result.update(wall_time_s=wall, steps=int(trainer.global_step),
                   epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
                   dataset=args.dataset, seed=args.seed, hidden=config.hidden,
