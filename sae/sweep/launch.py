@@ -1,9 +1,11 @@
-"""Training a sweep's runs: ``sae.run`` subprocesses, N at a time, and the state of run folders.
+"""Training a sweep's runs, N at a time, and the state of run folders.
 
 :func:`run_state` reads what a run folder holds (finished, resumable, to restart, new, or
 someone else's); :func:`train_command` turns that into the ``sae.run`` command line;
 :class:`RunPool` runs those commands in a pool of numbered slots, each with its share of CPU
-threads (``OMP_NUM_THREADS``) or its own GPU (``CUDA_VISIBLE_DEVICES``); :func:`run_sweep` trains
+threads (``OMP_NUM_THREADS``) or its own GPU (``CUDA_VISIBLE_DEVICES``): in the slot's long-lived
+worker process (:mod:`sae.sweep.worker`: torch and Lightning imported once, the data read once)
+when the run is a single process, else as a subprocess; :func:`run_sweep` trains
 what is missing and analyses what is finished, printing one progress line per run; :func:`lock`
 keeps two runners out of the same sweep folder.
 """
@@ -28,8 +30,9 @@ from sae.run import PARENT_ENV
 from sae.sweep.analysis import DataCache, analyse_run
 from sae.sweep.spec import Run
 
-__all__ = ["Progress", "RunPool", "check_folders", "job_env", "lock", "log_path", "run_state",
-           "run_sweep", "total_threads", "train_command", "uses_gpu", "visible_gpus"]
+__all__ = ["Progress", "RunPool", "Worker", "check_folders", "in_process", "job_env", "lock",
+           "log_path", "run_state", "run_sweep", "total_threads", "train_command", "uses_gpu",
+           "visible_gpus"]
 
 
 # --------------------------------------------------------------------------- run folders
@@ -140,57 +143,164 @@ def job_env(slot: int, threads: int, gpu: str | None) -> dict[str, str]:
 # --------------------------------------------------------------------------- the pool
 
 
-class RunPool:
-    """Runs ``sae.run`` subprocesses, N at a time, each in a numbered slot (thread share, GPU)."""
+def in_process(run: Run, gpus_per_slot: int) -> bool:
+    """Whether a run can train inside a sweep worker: one process on one device.
 
-    def __init__(self, jobs: int, threads: int, gpus: list[str]):
+    Multi-process runs (``strategy: ddp``, several devices or nodes) start their own processes
+    by re-running their command line, so they train as ``python -m sae.run`` subprocesses.
+    """
+    s = run.settings
+    if int(s.get("num_nodes") or 1) != 1 or str(s.get("strategy", "auto")) != "auto":
+        return False
+    devices = str(s.get("devices", "auto"))
+    if devices == "1":
+        return True
+    # auto: every visible GPU of the slot when the run may use one, else one CPU process
+    return devices == "auto" and (not uses_gpu(run) or gpus_per_slot <= 1)
+
+
+class Worker:
+    """One ``sae.sweep.worker`` process: trains the jobs sent to it, one at a time."""
+
+    def __init__(self, env: dict[str, str], stderr: Path):
+        stderr.parent.mkdir(parents=True, exist_ok=True)
+        with open(stderr, "a", encoding="utf-8") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sae.sweep.worker"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, env=env, text=True, bufsize=1)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def train(self, job: dict) -> dict | None:
+        """Send one job and wait for its answer; None when the worker died on the way."""
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                answer = json.loads(line)
+                if "code" in answer:
+                    return answer
+        except (OSError, ValueError):
+            pass
+        self.proc.wait()
+        return None
+
+    def close(self) -> None:
+        """End the worker: its stdin closes and it exits after the job in hand."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+class RunPool:
+    """Trains runs N at a time, each in a numbered slot (thread share, GPU).
+
+    Single-process runs train in the slot's :class:`Worker` (torch and Lightning imported once
+    per slot, not once per run); multi-process runs as ``sae.run`` subprocesses
+    (:func:`in_process`). ``workers=False`` trains every run as a subprocess.
+    """
+
+    def __init__(self, jobs: int, threads: int, gpus: list[str], logs: Path | None = None,
+                 workers: bool = True):
         self.slots = list(range(jobs))
         # one GPU per slot only when runs share the machine; a lone run may use them all
         self.threads, self.gpus = threads, gpus if jobs > 1 else []
+        self.gpus_per_slot = 1 if self.gpus else len(gpus)
+        self.logs, self.use_workers = logs, workers and logs is not None
+        self.workers: dict[int, Worker] = {}
         self.lock = threading.Lock()
         self.live: set[subprocess.Popen] = set()
         self.stopping = False
         self.executor = ThreadPoolExecutor(max_workers=jobs)
 
-    def _train(self, run: Run, command: list[str], log: Path) -> tuple[int | None, float]:
+    def _gpu(self, slot: int) -> str | None:
+        return self.gpus[slot % len(self.gpus)] if self.gpus else None
+
+    def _worker(self, slot: int) -> Worker | None:
+        """The slot's live worker, started when needed (None once the pool is stopping)."""
+        with self.lock:
+            if self.stopping:
+                return None
+            worker = self.workers.get(slot)
+            if worker is None or not worker.alive():
+                worker = Worker(job_env(slot, self.threads, self._gpu(slot)),
+                                self.logs / f"worker{slot}.log")
+                self.workers[slot] = worker
+                self.live.add(worker.proc)
+            return worker
+
+    def _train(self, run: Run, command: list[str], log: Path,
+               analyse: bool) -> tuple[int | None, float]:
         """Exit code (None: not started, the sweep is stopping) and seconds taken."""
         with self.lock:
             slot = self.slots.pop(0)
         try:
-            gpu = self.gpus[slot % len(self.gpus)] if uses_gpu(run) and self.gpus else None
-            log.parent.mkdir(parents=True, exist_ok=True)
-            start = time.perf_counter()
-            with open(log, "a", encoding="utf-8") as fh:
-                with self.lock:  # checked and registered together: stop() misses no process
-                    if self.stopping:
-                        return None, 0.0
-                    fh.write(f"\n$ {' '.join(command)}\n")
-                    fh.flush()
-                    proc = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL,
-                                            env=job_env(slot, self.threads, gpu))
-                    self.live.add(proc)
-                code = proc.wait()
-                seconds = time.perf_counter() - start
-                fh.write(f"# exit code {code} after {seconds:.1f} s\n")
-                with self.lock:
-                    self.live.discard(proc)
-            return code, seconds
+            if self.use_workers and in_process(run, self.gpus_per_slot):
+                return self._in_worker(slot, command, log, analyse)
+            return self._subprocess(slot, run, command, log)
         finally:
             with self.lock:
                 self.slots.append(slot)
 
-    def submit(self, run: Run, command: list[str], log: Path) -> Future:
-        """Queue one training; the future gives (exit code or None, seconds)."""
-        return self.executor.submit(self._train, run, command, log)
+    def _in_worker(self, slot: int, command: list[str], log: Path,
+                   analyse: bool) -> tuple[int | None, float]:
+        worker = self._worker(slot)
+        if worker is None:
+            return None, 0.0
+        start = time.perf_counter()
+        answer = worker.train({"argv": command[3:], "log": str(log), "analyse": analyse})
+        seconds = time.perf_counter() - start
+        if answer is None:  # the worker died: say so in the run's log
+            code = worker.proc.returncode
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(f"error: the training process ended unexpectedly (exit {code})\n")
+            return (code if code else 1), seconds
+        return answer["code"], seconds
+
+    def _subprocess(self, slot: int, run: Run, command: list[str],
+                    log: Path) -> tuple[int | None, float]:
+        gpu = self._gpu(slot) if uses_gpu(run) else None
+        log.parent.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        with open(log, "a", encoding="utf-8") as fh:
+            with self.lock:  # checked and registered together: stop() misses no process
+                if self.stopping:
+                    return None, 0.0
+                fh.write(f"\n$ {' '.join(command)}\n")
+                fh.flush()
+                proc = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL,
+                                        env=job_env(slot, self.threads, gpu))
+                self.live.add(proc)
+            code = proc.wait()
+            seconds = time.perf_counter() - start
+            fh.write(f"# exit code {code} after {seconds:.1f} s\n")
+            with self.lock:
+                self.live.discard(proc)
+        return code, seconds
+
+    def submit(self, run: Run, command: list[str], log: Path, analyse: bool = False) -> Future:
+        """Queue one training; the future gives (exit code or None, seconds). With ``analyse``
+        a worker also analyses the finished run (its analysis.json is then current)."""
+        return self.executor.submit(self._train, run, command, log, analyse)
+
+    def close(self) -> None:
+        """Wait for the queued runs, then end the workers."""
+        self.executor.shutdown(wait=True)
+        for worker in self.workers.values():
+            worker.close()
+        for worker in self.workers.values():
+            worker.proc.wait()
 
     def stop(self) -> None:
         """Start no more runs, interrupt the running ones and wait for them to exit.
 
-        SIGINT, like Ctrl-C in a terminal, lets sae.run stop cleanly with its last checkpoint
-        intact, so the next invocation resumes it; a process still running after 10 s (one
-        that ignores SIGINT) gets SIGTERM, which sae.run also handles cleanly, and one still
-        running 30 s later is killed.
+        SIGINT, like Ctrl-C in a terminal, lets a training stop cleanly with its last
+        checkpoint intact, so the next invocation resumes it; a process still running after
+        10 s (one that ignores SIGINT) gets SIGTERM, which sae.run also handles cleanly, and
+        one still running 30 s later is killed.
         """
         with self.lock:
             self.stopping = True
@@ -273,13 +383,19 @@ def _metrics_note(folder: Path, analysis: dict | None) -> str:
 
 
 def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
-              say: Callable[[str], None]) -> tuple[dict[Path, dict], int]:
-    """Train what is missing, analyse what is finished; returns (analyses, failures)."""
+              say: Callable[[str], None], workers: bool = True) -> tuple[dict[Path, dict], int]:
+    """Train what is missing, analyse what is finished; returns (analyses, failures).
+
+    With ``workers`` (the default) single-process runs train, and are analysed, in long-lived
+    worker processes (:class:`Worker`); otherwise each run is a ``sae.run`` subprocess and the
+    analysis runs here.
+    """
     import torch
 
     threads = max(1, total_threads() // jobs)
     torch.set_num_threads(threads)  # the analysis shares the cores with the trainings
-    pool, data = RunPool(jobs, threads, gpus), DataCache()
+    pool = RunPool(jobs, threads, gpus, logs=sweep_dir / "logs", workers=workers)
+    data = DataCache()
     progress, analyses = Progress(len(runs)), {}
 
     def analyse(run: Run, folder: Path) -> dict | None:
@@ -297,7 +413,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
             folder = sweep_dir / run.rel
             log = log_path(sweep_dir, run)
             command = train_command(run, folder, states[id(run)])
-            pending[pool.submit(run, command, log)] = (run, log)
+            pending[pool.submit(run, command, log, analyse=True)] = (run, log)
     try:
         for run in runs:  # finished before: analyse them while the trainings run
             folder = sweep_dir / run.rel
@@ -325,5 +441,5 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
     except KeyboardInterrupt:
         pool.stop()
         raise
-    pool.executor.shutdown(wait=True)
+    pool.close()
     return analyses, progress.failed

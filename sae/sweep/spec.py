@@ -20,12 +20,16 @@ from pathlib import Path
 from sae.cli import UsageError, check_mapping, load_yaml, resolve_settings, to_argv
 from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES
 
-__all__ = ["RUNNER_KEYS", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
+__all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
            "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
 
 TOP_KEYS = ("description", "datasets", "seeds", "common", "models", "probe_loss")
 RUNNER_KEYS = {"out", "resume", "overwrite", "config"}  # the runner sets these
 STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets these
+# A sweep run writes no figures, feature browser or report while the sweep trains: for short runs
+# they cost more than the training, and a reader opens few of them. ``python -m sae.report RUN``
+# and ``python -m sae.features RUN`` build them later; ``common`` may switch them back on.
+RUN_PAGES_OFF = {"no_figures": True, "no_features": True, "no_report": True}
 
 
 def grid_key(kind: str) -> str:
@@ -208,7 +212,7 @@ def plan(sweep: Sweep) -> list[Run]:
                 where += f" ({entry.kind})"
             for value in entry.grid or (None,):
                 for seed in sweep.seeds:
-                    settings = {**sweep.common, **entry.settings}
+                    settings = {**RUN_PAGES_OFF, **sweep.common, **entry.settings}
                     if value is not None:
                         settings[_grid_dest(entry.kind)] = value
                     try:
