@@ -170,6 +170,10 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
         print(" ".join(f"{k}={result[k]:.4g}" for k in
                        ("mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
                         "wall_time_s") if isinstance(result.get(k), int | float)))
+        if result.get("converged") is False:
+            print(f"note: validation FVU moved {100 * result['val_fvu_change']:.1f} % and L0 "
+                  f"{100 * result['val_l0_change']:.1f} % in the last epoch: not converged "
+                  "(train longer for settled numbers)")
     return 0
 
 

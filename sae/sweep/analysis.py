@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 
 from sae.cli import defaults, read_settings_file
+from sae.convergence import last_epoch_change, read_validation
 from sae.io import atomic_file, write_json
 from sae.sweep.spec import Run
 
@@ -208,6 +209,7 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
         key = {"dataset": run.dataset, "model": run.model, "kind": run.kind,
                "param": run.param, "value": run.value}
         records.append({**metrics, **key, "seed": run.seed, "run": str(run.rel),
+                        **last_epoch_change(read_validation(folder / "metrics.csv")),
                         **{k: a.get(k) for k in ("probe_accuracy", "probe_train_accuracy",
                                                  "probe_sparsemax_accuracy",
                                                  "probe_sparsemax_classes", "l0_ink_corr",

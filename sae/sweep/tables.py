@@ -81,6 +81,8 @@ RESULT_COLUMNS = [
     "probe_accuracy", "probe_train_accuracy", "probe_sparsemax_accuracy",
     "probe_sparsemax_classes", "l0_ink_corr", "checkpoint_step",
     "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity",
+    # how much validation FVU and L0 moved in the last epoch (sae.convergence)
+    "val_fvu_change", "val_l0_change", "converged",
     "run",  # run folder, relative to the sweep folder
 ]
 
@@ -88,7 +90,7 @@ SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fractio
                    "dense_fraction",
                    "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes",
                    "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
-                   "adaptivity", "wall_time_s"]
+                   "adaptivity", "wall_time_s", "converged"]
 
 # L0 bands (lower, upper]: configurations are only compared with others of similar sparsity
 L0_BANDS: tuple[tuple[float, float], ...] = ((0.0, 20.0), (20.0, 50.0), (50.0, math.inf))
@@ -161,7 +163,11 @@ def summarize_seeds(results: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     data = results.copy()
     for metric in SUMMARY_METRICS:  # a results.csv of an older version may lack a column
-        data[metric] = pd.to_numeric(data[metric], errors="coerce") if metric in data else _NAN
+        if metric not in data:
+            data[metric] = _NAN
+            continue
+        column = data[metric].map(lambda v: _BOOLS.get(v, v) if isinstance(v, str) else v)
+        data[metric] = pd.to_numeric(column.astype(object), errors="coerce")
     grouped = data.groupby(CONFIG_KEYS, sort=False, dropna=False)
     stats = grouped[SUMMARY_METRICS].agg(["mean", "std"])
     stats.columns = [f"{m}_{s}" for m, s in stats.columns]
@@ -513,6 +519,14 @@ def _signed(x: float, fmt: str, scale: float = 1.0, unit: str = "") -> str:
     return "–" if not _finite(x) else format(scale * x, "+" + fmt) + unit
 
 
+_BOOLS = {"True": 1.0, "False": 0.0}  # booleans as a results.csv read back holds them
+
+
+def _converged(mean: float, n_seeds: int) -> str:
+    """'2/3': of a configuration's seeds, how many converged (mean of 0/1 over seeds)."""
+    return f"{round(mean * n_seeds)}/{n_seeds}" if _finite(mean) else "–"
+
+
 # column heading -> (metric, number format, scale, unit)
 _SUMMARY_CELLS = {
     "MSE": ("mse", ".4g", 1.0, ""),
@@ -548,17 +562,18 @@ def summary_display(summary: pd.DataFrame, dataset: str,
                  "seeds": str(int(row["n_seeds"]))}
         for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
             cells[head] = _pm(row[f"{metric}_mean"], row[f"{metric}_std"], fmt, scale, unit)
+        cells["converged"] = _converged(row["converged_mean"], int(row["n_seeds"]))
         rows.append(cells)
     raw = {"probe_accuracy": raw_probe} if not isinstance(raw_probe, Mapping) else raw_probe
     raw = {k: v for k, v in (raw or {}).items() if _finite(v)}
     if raw:
-        cells = dict.fromkeys(["model", "λ / k", "seeds", *_SUMMARY_CELLS], "–")
+        cells = dict.fromkeys(["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"], "–")
         cells["model"] = "raw pixels"
         for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
             if metric in raw:
                 cells[head] = _pm(raw[metric], _NAN, fmt, scale, unit)
         rows.append(cells)
-    return pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS])
+    return pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"])
 
 
 # the headline's columns: the summary table's cells (same metrics and formats, interpolated seed

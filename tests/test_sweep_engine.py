@@ -1,0 +1,184 @@
+"""The sweep engine: runs trained in long-lived workers are the runs ``sae.run`` trains alone, a
+killed sweep continues to the same results, and one failing run does not stop the others."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from sae import runfolder
+from sae.convergence import last_epoch_change, read_validation
+from sae.sweep import launch, spec
+
+# two models trained one after the other by one worker (--jobs 1), so anything a run leaves
+# behind in the process would reach the second; 8 steps per epoch, enough epochs to be killed in
+SWEEP = {
+    "description": "two models, one worker",
+    "datasets": ["mnist"],
+    "seeds": [3],
+    "common": {"hidden": 32, "limit_train": 512, "val_size": 128, "limit_test": 200,
+               "batch_size": 64, "epochs": 24},
+    "models": {"l1": {"lambda": [0.03]}, "batchtopk": {"k": [4]}},
+}
+NOT_COMPARED = {"wall_time_s"}  # the only number of metrics.json that may differ
+
+
+def env(tmp_path: Path, data_dir: Path) -> dict:
+    e = dict(os.environ, SAE_DATA_DIR=str(data_dir), SAE_OFFLINE="1", OMP_NUM_THREADS="1",
+             SAE_CACHE_DIR=str(tmp_path / "cache"))
+    e.pop("SAE_RUN_DIR", None)
+    return e
+
+
+def compare(args, cwd: Path, data_dir: Path, timeout: int = 300):
+    return subprocess.run([sys.executable, "-m", "sae.compare", *map(str, args)], cwd=cwd,
+                          env=env(cwd, data_dir), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def write_sweep(folder: Path, data=SWEEP) -> Path:
+    path = folder / "engine.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def numbers(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, int | float)
+            and not isinstance(v, bool) and k not in NOT_COMPARED}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):
+    """The sweep after one uninterrupted invocation."""
+    root = tmp_path_factory.mktemp("engine")
+    write_sweep(root)
+    result = compare(["engine.yaml", "--jobs", "1", "--out", "sweep"], root, data_dir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return root
+
+
+@pytest.mark.slow
+def test_a_sweep_run_equals_the_same_run_trained_alone(finished, data_dir, tmp_path):
+    sweep = finished / "sweep"
+    assert (sweep / "logs" / "worker0.log").is_file()  # one worker trained both runs
+    assert not (sweep / "logs" / "worker1.log").exists()
+    runs = spec.plan(spec.load_sweep(finished / "engine.yaml"))
+    assert [r.model for r in runs] == ["l1", "batchtopk"]
+    second = runs[1]  # trained after the first in the same process
+    alone = tmp_path / "alone"
+    result = subprocess.run([sys.executable, "-m", "sae.run", *second.argv, "--out", alone],
+                            cwd=tmp_path, env=env(tmp_path, data_dir), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    in_sweep = numbers(json.loads((sweep / second.rel / "metrics.json").read_text()))
+    trained_alone = numbers(json.loads((alone / "metrics.json").read_text()))
+    assert in_sweep.keys() == trained_alone.keys()
+    for key, value in in_sweep.items():
+        assert value == pytest.approx(trained_alone[key], abs=1e-5), key
+    # a sweep run writes no pages while the sweep trains (sae.report / sae.features build them)
+    folder = sweep / second.rel
+    assert not (folder / "report.html").exists() and not (folder / "features.html").exists()
+    assert not (folder / "figures").exists()
+    assert (folder / "analysis.json").is_file()  # analysed by the worker that trained it
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_continues_to_the_same_results(finished, data_dir, tmp_path):
+    write_sweep(tmp_path)
+    first = tmp_path / "sweep" / spec.plan(spec.load_sweep(tmp_path / "engine.yaml"))[0].rel
+    proc = subprocess.Popen([sys.executable, "-m", "sae.compare", "engine.yaml", "--jobs", "1",
+                             "--out", "sweep"], cwd=tmp_path, env=env(tmp_path, data_dir),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline and not (first / "checkpoints" / "last.ckpt").is_file():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # no chance to stop its worker: the worker stops itself
+    proc.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and runfolder.is_locked(first):
+        time.sleep(0.1)
+    assert not runfolder.is_locked(first), "the worker went on training after the sweep died"
+    assert not (first / "metrics.json").exists(), "the run finished before the kill"
+    result = compare(["engine.yaml", "--jobs", "1", "--out", "sweep"], tmp_path, data_dir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("trained in") == 2
+    resumed = pd.read_csv(tmp_path / "sweep" / "results.csv").set_index("model")
+    baseline = pd.read_csv(finished / "sweep" / "results.csv").set_index("model")
+    columns = ["fvu", "mse", "l0_mean", "l0_std", "dead_fraction", "probe_accuracy",
+               "probe_sparsemax_accuracy", "support_fvu", "adaptivity", "steps"]
+    pd.testing.assert_frame_equal(resumed[columns], baseline[columns], atol=1e-5, rtol=0)
+    commands = [line for line in (tmp_path / "sweep" / "logs" / "mnist" / "l1" /
+                                  "lambda0.03" / "seed3.log").read_text().splitlines()
+                if line.startswith("$ ")]
+    assert commands[-1].endswith("--resume")
+
+
+@pytest.mark.slow
+def test_a_failing_run_does_not_stop_the_others(tmp_path, data_dir):
+    sweep = {**SWEEP, "common": {**SWEEP["common"], "epochs": 2},
+             "models": {"l1": {"lambda": [0.03]},
+                        # diverges at once: exit 1 from inside the worker
+                        "l1-blowup": {"model": "l1", "lambda": [0.01], "lr": 1e6,
+                                      "grad_clip": 0},
+                        "batchtopk": {"k": [4]}}}
+    write_sweep(tmp_path, sweep)
+    result = compare(["engine.yaml", "--jobs", "1", "--out", "sweep"], tmp_path, data_dir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.count("trained in") == 2 and "FAILED (exit 1)" in result.stdout
+    frame = pd.read_csv(tmp_path / "sweep" / "results.csv")
+    assert sorted(frame["model"]) == ["batchtopk", "l1"]
+
+
+def test_a_dead_worker_fails_its_run_and_the_next_gets_a_new_one(tmp_path, monkeypatch):
+    """A worker that dies mid-run (a crash, a kill) fails that run only."""
+    runs = spec.plan(spec.load_sweep(write_sweep(tmp_path)))
+    pool = launch.RunPool(jobs=1, threads=1, gpus=[], logs=tmp_path / "logs")
+    crash = [sys.executable, "-m", "sae.run", "--model", "l1"]
+
+    class Dying(launch.Worker):
+        def __init__(self, env, stderr):
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.stdin.readline(); sys.exit(9)"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(launch, "Worker", Dying)
+    first = pool.submit(runs[0], crash, tmp_path / "a.log").result()
+    second = pool.submit(runs[1], crash, tmp_path / "b.log").result()
+    pool.close()
+    assert first[0] == 9 and second[0] == 9  # each run reported with the worker's exit code
+    assert "ended unexpectedly" in (tmp_path / "a.log").read_text()
+
+
+def test_multi_process_runs_train_as_subprocesses(tmp_path):
+    data = {**SWEEP, "models": {"l1": {"lambda": [0.03], "strategy": "ddp", "devices": 2}}}
+    ddp, = spec.plan(spec.load_sweep(write_sweep(tmp_path, data)))
+    plain = spec.plan(spec.load_sweep(write_sweep(tmp_path)))[0]
+    assert launch.in_process(plain, gpus_per_slot=0)
+    assert not launch.in_process(ddp, gpus_per_slot=0)
+
+
+@pytest.mark.parametrize("values, change, converged", [
+    ([(0.30, 20.0)], None, None),  # one epoch: nothing to measure
+    ([(0.30, 20.0), (0.20, 25.0), (0.199, 25.2)], 0.005, True),
+    ([(0.30, 20.0), (0.20, 25.0), (0.198, 25.0)], 0.01, False),  # FVU moved 1 %
+    ([(0.20, 25.0), (0.2, 25.6)], 0.0, False),  # L0 moved 2.4 %
+])
+def test_convergence_is_the_last_epochs_relative_change(tmp_path, values, change, converged):
+    lines = ["epoch,step,train/loss,val/fvu,val/l0"]
+    for epoch, (fvu, l0) in enumerate(values):
+        lines += [f"{epoch},{8 * epoch + 3},0.5,,", f"{epoch},{8 * epoch + 7},,{fvu},{l0}"]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    got = last_epoch_change(read_validation(tmp_path / "metrics.csv"))
+    assert got["converged"] is converged
+    if change is None:
+        assert got["val_fvu_change"] is None
+    else:
+        assert got["val_fvu_change"] == pytest.approx(change)
+    assert last_epoch_change(read_validation(tmp_path / "missing.csv"))["converged"] is None
