@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from sae import figures
+from sae import figures, metrics
 from sae import io as sae_io
 from sae.config import FIXED_BUDGET
 
@@ -112,38 +112,95 @@ class FigureCallback(L.Callback):
                 self.render(trainer)
 
     def render(self, trainer) -> list[Path]:
-        """Plot the last statistics; write PNGs and send them to TensorBoard.
-
-        Every figure's title starts with the run's dataset, model and sparsity setting
-        (:func:`run_label`), so a PNG shown alone (the gallery) says what it is.
-        """
-        s = self.stats
-        n_shown = len(s["x"])
-        made = {
-            "decoder_atoms": figures.decoder_atoms(s["atoms"], s["freq"], n=self.n_atoms),
-            "reconstructions": figures.reconstructions(
-                s["x"], s["x_hat"], source=f"the first {n_shown} validation inputs"),
-            "sparsity_histogram": figures.sparsity_histogram(s["l0"], s["labels"],
-                                                             self.class_names),
-            "activation_frequency": figures.activation_frequency_curve(s["freq"]),
-            "class_unit_heatmap": figures.class_unit_heatmap(s["class_freq"], self.class_names),
-            "feature_density": figures.feature_density_histogram(s["freq"]),
-        }
-        tensorboards = _tensorboards(trainer)
-        paths = []
-        for kind, fig in made.items():
-            if self.label:
-                fig.suptitle(f"{self.label}\n{fig.get_suptitle()}")
-            path = self.out_dir / kind / f"epoch_{s['epoch']}.png"
-            rgb = figures.figure_to_rgb(fig)  # draw once, for the PNG and for TensorBoard
-            fig.clear()
-            write_png(rgb, path)
-            for tb in tensorboards:
-                tb.experiment.add_image(kind, rgb, global_step=s["step"], dataformats="HWC")
-            paths.append(path)
-        self.rendered_epochs.add(s["epoch"])
+        """Plot the last statistics; write PNGs and send them to TensorBoard."""
+        paths = render_figures(self.stats, self.out_dir, self.label, self.class_names,
+                               self.n_atoms, _tensorboards(trainer))
+        self.rendered_epochs.add(self.stats["epoch"])
         return paths
 
+
+def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str],
+                   n_atoms: int = 64, tensorboards=()) -> list[Path]:
+    """Plot a run's statistics (as :class:`FigureCallback` gathers them) to
+    ``<out_dir>/<kind>/epoch_<E>.png``, and to each TensorBoard logger given.
+
+    Every figure's title starts with the run's dataset, model and sparsity setting
+    (:func:`run_label`), so a PNG shown alone (the gallery) says what it is.
+    """
+    s = stats
+    n_shown = len(s["x"])
+    made = {
+        "decoder_atoms": figures.decoder_atoms(s["atoms"], s["freq"], n=n_atoms),
+        "reconstructions": figures.reconstructions(
+            s["x"], s["x_hat"], source=f"the first {n_shown} validation inputs"),
+        "sparsity_histogram": figures.sparsity_histogram(s["l0"], s["labels"], class_names),
+        "activation_frequency": figures.activation_frequency_curve(s["freq"]),
+        "class_unit_heatmap": figures.class_unit_heatmap(s["class_freq"], class_names),
+        "feature_density": figures.feature_density_histogram(s["freq"]),
+    }
+    paths = []
+    for kind, fig in made.items():
+        if label:
+            fig.suptitle(f"{label}\n{fig.get_suptitle()}")
+        path = Path(out_dir) / kind / f"epoch_{s['epoch']}.png"
+        rgb = figures.figure_to_rgb(fig)  # draw once, for the PNG and for TensorBoard
+        fig.clear()
+        write_png(rgb, path)
+        for tb in tensorboards:
+            tb.experiment.add_image(kind, rgb, global_step=s["step"], dataformats="HWC")
+        paths.append(path)
+    return paths
+
+
+@torch.no_grad()
+def validation_stats(model, x: torch.Tensor, y: torch.Tensor, n_classes: int,
+                     n_examples: int = 16, epoch: int = 0, step: int = 0) -> dict:
+    """The statistics :class:`FigureCallback` gathers during a validation epoch, computed in one
+    pass over x [N, D] with labels y [N] (for a run whose figures were not drawn in training)."""
+    from sae.models import encode_dataset
+
+    x_hat, codes = encode_dataset(model, x)
+    active = metrics.active(codes, model.fire_threshold).float()
+    onehot = F.one_hot(y.long(), n_classes).float()
+    class_fires, class_count = onehot.t() @ active, onehot.sum(0)
+    return {
+        "epoch": epoch, "step": step,
+        "freq": (class_fires.sum(0) / max(len(x), 1)).numpy(),
+        "class_freq": (class_fires / class_count.clamp_min(1)[:, None]).numpy(),
+        "l0": active.sum(-1).numpy(),
+        "labels": y.numpy(),
+        "x": x[:n_examples].float().numpy(),
+        "x_hat": x_hat[:n_examples].numpy(),
+        "atoms": model.atoms().float().cpu().numpy(),
+    }
+
+
+def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
+    """Draw a finished run's figures from its ``checkpoints/last.ckpt`` on its own validation
+    split (what a sweep run skips while the sweep trains); returns the PNGs written."""
+    from sae.checkpoints import read_checkpoint
+    from sae.cli import defaults, read_settings_file
+    from sae.config import SAEConfig
+    from sae.convergence import read_validation
+    from sae.data import ImageDataModule
+    from sae.models import model_from_checkpoint
+
+    run_dir = Path(run_dir)
+    settings = {**defaults(), **read_settings_file(run_dir / "config.yaml")}
+    state = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    model = model_from_checkpoint(state)
+    dm = ImageDataModule(settings["dataset"], settings.get("data_dir"),
+                         val_size=settings["val_size"], limit_train=settings.get("limit_train"),
+                         limit_test=settings.get("limit_test"))
+    dm.setup()
+    # named after the last validated epoch, as the callback would have named them
+    validated = read_validation(run_dir / "metrics.csv")
+    epoch = validated[-1]["epoch"] if validated else int(state.get("epoch", 0))
+    stats = validation_stats(model, dm.val_x, dm.val_y, len(dm.class_names), epoch=epoch,
+                             step=int(state.get("global_step", 0)))
+    config = SAEConfig.from_dict(state["hyper_parameters"]["config"])
+    return render_figures(stats, run_dir / "figures", run_label(config, settings["dataset"]),
+                          dm.class_names)
 
 
 def _tensorboards(trainer) -> list[TensorBoardLogger]:

@@ -1,7 +1,7 @@
 """python -m sae.compare: train a grid of SAEs, analyse each run, compare them in tables and plots.
 
     python -m sae.compare experiments/quick.yaml [--out DIR] [--jobs N] [--dry-run]
-                                                 [--publish DIR]
+                                                 [--publish DIR] [--engine workers|processes]
 
 Sweep file (YAML)::
 
@@ -51,7 +51,13 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
 (the committed ``figures/compare/<preset>/`` folders are made this way). DIR must be new, empty
 or an earlier publication; a folder holding anything else is refused before any work.
 
-Each run trains through ``python -m sae.run ... --out <run folder>`` in a subprocess. A run with
+Each run trains as ``python -m sae.run ... --out <run folder>`` would: in one of ``--jobs``
+long-lived worker processes (:mod:`sae.sweep.worker`), which import torch and Lightning and read
+the dataset once and then train, and analyse, run after run; a multi-process run (DDP) and every
+run under ``--engine processes`` in a subprocess of its own. While the sweep trains, its runs
+write no figures, feature browser or report (``sae.sweep.spec.RUN_PAGES_OFF``; ``common`` may
+switch them on): ``python -m sae.report RUN`` and ``python -m sae.features RUN`` build them for
+the runs a reader opens. A run with
 ``metrics.json`` is finished and never trained again (nor deleted); one with a checkpoint but no
 ``metrics.json`` continues with ``--resume``; one killed before its first checkpoint (only
 ``config.yaml``) starts again with ``--overwrite``. So a killed sweep, started again with the same
@@ -112,6 +118,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("sweep", help="sweep file (YAML), e.g. experiments/quick.yaml")
     p.add_argument("--out", default=None, help="sweep folder (default: sweeps/<file stem>)")
     p.add_argument("--jobs", default="1", help="runs trained at the same time (default: 1)")
+    p.add_argument("--engine", choices=("workers", "processes"), default="workers",
+                   help="workers: single-process runs train in one long-lived process per job "
+                        "slot (torch and the data loaded once); processes: every run is its own "
+                        "`python -m sae.run` process (default: workers)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the file and show what would run; train nothing, write nothing")
     p.add_argument("--publish", default=None, metavar="DIR",
@@ -210,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"sweep {sweep.path.name}: {len(runs)} runs → {args.out} "
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
         try:
-            analyses, failed = run_sweep(args.out, runs, args.jobs, gpus, say)
+            analyses, failed = run_sweep(args.out, runs, args.jobs, gpus, say,
+                                         workers=args.engine == "workers")
         except KeyboardInterrupt as e:
             what = "terminated" if isinstance(e, Terminated) else "interrupted"
             print(f"{what}; run the same command again to continue ({args.out})",

@@ -503,8 +503,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m sae.report",
                      description="Write <run-folder>/report.html, a self-contained run report.")
     parser.add_argument("run", type=Path, help="run folder (holds config.yaml)")
+    parser.add_argument("--no-figures", action="store_true",
+                        help="do not draw the figures of a finished run that has none (a sweep "
+                             "run) from its last checkpoint")
     args = parser.parse_args(argv)
     try:
+        _check_run_dir(args.run)
+        if (not args.no_figures and not latest_figures(args.run)
+                and (args.run / "checkpoints" / "last.ckpt").is_file()):
+            from sae.callbacks import figures_from_checkpoint
+
+            figures_from_checkpoint(args.run)
         path = write_report(args.run)
     except (RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

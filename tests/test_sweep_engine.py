@@ -3,6 +3,7 @@ killed sweep continues to the same results, and one failing run does not stop th
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,3 +183,29 @@ def test_convergence_is_the_last_epochs_relative_change(tmp_path, values, change
     else:
         assert got["val_fvu_change"] == pytest.approx(change)
     assert last_epoch_change(read_validation(tmp_path / "missing.csv"))["converged"] is None
+
+
+@pytest.mark.slow
+def test_report_draws_a_sweep_runs_figures_as_training_would(tmp_path, data_dir):
+    """``sae.report RUN`` on a run without figures draws them from its checkpoint: the same
+    pictures the figure callback draws at the end of training."""
+    import numpy as np
+    from PIL import Image
+
+    from cli_helpers import QUICK, run_cli
+
+    trained = tmp_path / "trained"
+    result = run_cli(["--model", "l1", "--epochs", "2", "--figure-every", "0", "--no-features",
+                      "--no-report", "--out", trained, *QUICK], tmp_path, data_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    bare = tmp_path / "bare"
+    shutil.copytree(trained, bare, ignore=shutil.ignore_patterns("figures"))
+    result = run_cli([bare], tmp_path, data_dir, module="sae.report")
+    assert result.returncode == 0, result.stderr[-2000:]
+    drawn = sorted(p.relative_to(bare) for p in (bare / "figures").rglob("*.png"))
+    assert drawn == sorted(p.relative_to(trained) for p in (trained / "figures").rglob("*.png"))
+    assert len(drawn) == 6
+    for rel in drawn:
+        assert np.array_equal(np.asarray(Image.open(bare / rel)),
+                              np.asarray(Image.open(trained / rel))), rel
+    assert (bare / "report.html").read_text().count("data:image/png") >= 6

@@ -84,16 +84,18 @@ def run_job(job: dict, data) -> dict:
         for name in _RUN_ENV:
             os.environ.pop(name, None)
     seconds = time.perf_counter() - start
+    print(f"# exit code {code} after {seconds:.1f} s", flush=True)
     answer = {"code": code, "seconds": seconds, "analysis_error": None}
     if code == 0 and job.get("analyse") and folder is not None:
         from sae.sweep.analysis import analyse_run
 
+        start = time.perf_counter()
         try:
             analyse_run(folder, data)
         except Exception as e:  # noqa: BLE001 (reported; the sweep retries it itself)
             traceback.print_exc()
             answer["analysis_error"] = f"{type(e).__name__}: {e}"
-    print(f"# exit code {code} after {seconds:.1f} s", flush=True)
+        print(f"# analysed in {time.perf_counter() - start:.1f} s", flush=True)
     return answer
 
 
