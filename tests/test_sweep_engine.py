@@ -190,9 +190,8 @@ def test_report_draws_a_sweep_runs_figures_as_training_would(tmp_path, data_dir)
     """``sae.report RUN`` on a run without figures draws them from its checkpoint: the same
     pictures the figure callback draws at the end of training."""
     import numpy as np
-    from PIL import Image
-
     from cli_helpers import QUICK, run_cli
+    from PIL import Image
 
     trained = tmp_path / "trained"
     result = run_cli(["--model", "l1", "--epochs", "2", "--figure-every", "0", "--no-features",
