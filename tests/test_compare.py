@@ -580,11 +580,17 @@ def test_related_links_exist_or_are_left_out(tmp_path):
                               ("figure gallery", "../../figures/gallery/README.md")]
     assert links["runs"] == {"mnist": [("l1 λ = 0.01 seed 0",
                                         "runs/mnist/l1/lambda0.01/seed0/report.html")]}
+    assert links["unbuilt"] == [] and render.build_note(links) is None
+    (here / frame.loc[1, "run"]).mkdir(parents=True)  # a sweep run: no report until asked for
+    links = render.related_links(here, ["mnist"], frame)
+    assert links["unbuilt"] == [(here / frame.loc[1, "run"]).as_posix()]
+    assert f"python -m sae.report {links['unbuilt'][0]}" in render.build_note(links)
     # a published copy beside the gallery, without runs/
     published = tmp_path / "figures" / "compare" / "mnist"
     published.mkdir(parents=True)
     links = render.related_links(published, ["mnist"], frame)
-    assert links == {"pages": [("figure gallery", "../../gallery/README.md")], "runs": {}}
+    assert links == {"pages": [("figure gallery", "../../gallery/README.md")], "runs": {},
+                     "unbuilt": []}
 
 
 def test_publish_page_renders_without_runs(tmp_path):

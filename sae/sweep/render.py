@@ -184,16 +184,31 @@ def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict
     if gallery is not None:
         pages.append(("figure gallery", gallery))
     runs: dict[str, list[tuple[str, str]]] = {}
+    unbuilt: list[str] = []
     if results is not None and len(results):
         from sae.sweep.tables import config_label
 
         for _, r in results.iterrows():
             rel = str(r.get("run", ""))
-            if rel and rel != "nan" and (page_dir / rel / "report.html").is_file():
+            if not rel or rel == "nan" or not (page_dir / rel).is_dir():
+                continue
+            if (page_dir / rel / "report.html").is_file():
                 text = f"{r['model']} {config_label(r['param'], r['value'])} seed {r['seed']}"
                 runs.setdefault(str(r["dataset"]), []).append(
                     (text, Path(rel, "report.html").as_posix()))
-    return {"pages": pages, "runs": runs}
+            else:
+                unbuilt.append((page_dir / rel).as_posix())
+    return {"pages": pages, "runs": runs, "unbuilt": unbuilt}
+
+
+def build_note(links: dict) -> str | None:
+    """How to build the pages of the runs that have none (sweeps skip them while training)."""
+    unbuilt = links.get("unbuilt") or []
+    if not unbuilt:
+        return None
+    return (f"{len(unbuilt)} runs have no report yet (a sweep writes none while it trains): "
+            f"`python -m sae.report {unbuilt[0]}` draws a run's figures and writes its report, "
+            f"`python -m sae.features {unbuilt[0]}` its feature browser.")
 
 
 # --------------------------------------------------------------------------- pages
@@ -218,7 +233,7 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
         verdict_display,
     )
 
-    links = links or {"pages": [], "runs": {}}
+    links = links or {"pages": [], "runs": {}, "unbuilt": []}
     judged = verdict(summary, sweep.probe_loss)
     parts = [f"# Comparison: {sweep.path.name}", ""]
     if sweep.description:
@@ -226,6 +241,8 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
     parts += [f"{n_done} of {n_runs} runs finished. {LEGEND}", ""]
     if links["pages"]:
         parts += ["See also: " + " · ".join(f"[{t}]({h})" for t, h in links["pages"]), ""]
+    if build_note(links):
+        parts += [build_note(links), ""]
     for dataset in _datasets(sweep, summary):
         parts += [f"## {dataset}", "", f"### {dataset}: verdict", "", _VERDICT_NOTE, "",
                   to_markdown(verdict_display(judged, dataset)), ""]
@@ -262,7 +279,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
         verdict_display,
     )
 
-    links = links or {"pages": [], "runs": {}}
+    links = links or {"pages": [], "runs": {}, "unbuilt": []}
     judged = verdict(summary, sweep.probe_loss)
     sections = []
     for dataset in _datasets(sweep, summary):
@@ -299,6 +316,8 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
     if links["pages"]:
         intro.append(pages.fragment("See also: {}", pages.join(
             pages.join([pages.link(h, t), " "]) for t, h in links["pages"])))
+    if build_note(links):
+        intro.append(build_note(links))
     return pages.render_page(
         title=title, heading=title,
         subtitle=f"{n_done} of {n_runs} runs finished · generated {pages.timestamp()}",
