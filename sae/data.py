@@ -18,7 +18,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -78,6 +78,15 @@ class ImageArrays:
     test_images: np.ndarray
     test_labels: np.ndarray
     source: str
+    _floats: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def float_images(self, split: str) -> torch.Tensor:
+        """``to_float`` of the ``train`` or ``test`` images, converted once per arrays object (a
+        process that trains many runs reads a dataset's arrays once, :func:`load_arrays`).
+        Shared: callers must not change it in place."""
+        if split not in self._floats:
+            self._floats[split] = to_float(getattr(self, f"{split}_images"))
+        return self._floats[split]
 
 
 def _idx_path(folder: Path, stem: str) -> Path | None:
@@ -122,6 +131,9 @@ def _read_folder_once(folder: Path) -> ImageArrays:
             _READ.pop(next(iter(_READ)))
         _READ[key] = arrays
     return _READ[key]
+
+
+_PCA: dict[tuple, tuple] = {}  # split -> (the arrays it was computed from, its PCA)
 
 
 def _has_any_idx(folder: Path) -> bool:
@@ -261,7 +273,7 @@ class ImageDataModule(L.LightningDataModule):
         if self._loaded:
             return
         arrays = load_arrays(self.dataset, self.data_dir, self.cache_dir, self.download)
-        images, labels = to_float(arrays.train_images), torch.from_numpy(arrays.train_labels)
+        images, labels = arrays.float_images("train"), torch.from_numpy(arrays.train_labels)
         if not 0 < self.val_size < len(images):
             raise DataSourceError(f"val_size {self.val_size} must be in (0, {len(images)})")
         perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.split_seed))
@@ -270,16 +282,32 @@ class ImageDataModule(L.LightningDataModule):
             train_idx = train_idx[: self.limit_train]
         self.train_x, self.train_y = images[train_idx], labels[train_idx]
         self.val_x, self.val_y = images[val_idx], labels[val_idx]
-        self.test_x = to_float(arrays.test_images)
+        self.test_x = arrays.float_images("test")
         self.test_y = torch.from_numpy(arrays.test_labels)
         if self.limit_test:
             keep = slice(0, self.limit_test)
             self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
-        self.source = arrays.source
+        self.source, self._arrays = arrays.source, arrays
         self._loaded = True
 
     def setup(self, stage: str | None = None) -> None:
         self.load()
+
+    def train_pca(self):
+        """``sae.metrics.principal_components`` of the training split (the adaptivity measure's
+        reference), computed once per split and process: it costs more than the rest of a short
+        run's test metrics, and a sweep worker's runs (and their analyses) share their split."""
+        from sae.metrics import principal_components
+
+        self.load()
+        key = (self.source, self.val_size, self.split_seed, self.limit_train)
+        arrays, pca = _PCA.get(key, (None, None))
+        if arrays is not self._arrays:  # the files were read again: they may have changed
+            pca = principal_components(self.train_x)
+            while len(_PCA) >= 2:
+                _PCA.pop(next(iter(_PCA)))
+            _PCA[key] = (self._arrays, pca)
+        return pca
 
     @property
     def train_mean(self) -> torch.Tensor:

@@ -210,7 +210,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     if not trainer.is_global_zero:
         return {}
 
-    result, _ = evaluate(model, dm.test_x, dm.train_x, mean)
+    result, _ = evaluate(model, dm.test_x, dm.train_pca(), mean)
     result.update(last_epoch_change(read_validation(out / "metrics.csv")))
     result.update(wall_time_s=wall, steps=int(trainer.global_step),
                   epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,

@@ -27,7 +27,7 @@ from sae.models.topk import TopKSAE
 
 __all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS", "MODEL_CLASSES",
            "NonFiniteLossError", "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE",
-           "build_model", "decode_dataset", "encode_dataset", "load_checkpoint",
+           "build_model", "decode_dataset", "encode_codes", "encode_dataset", "load_checkpoint",
            "model_from_checkpoint",
            "training_callbacks"]
 
@@ -66,6 +66,20 @@ def encode_dataset(model: SparseAutoencoder, x: Tensor,
     H = model.config.hidden
     return (torch.cat(x_hats) if x_hats else x.new_zeros(0, x.shape[-1]),
             torch.cat(codes) if codes else x.new_zeros(0, H))
+
+
+@torch.no_grad()
+def encode_codes(model: SparseAutoencoder, x: Tensor, batch_size: int = 1024) -> Tensor:
+    """The codes h [N, H] (CPU) of x [N, D] in eval mode, without decoding them (half the work of
+    :func:`encode_dataset` when the reconstruction is not needed, as for probes)."""
+    was_training = model.training
+    model.eval()
+    codes = []
+    for start in range(0, len(x), batch_size):
+        a, x_centred = model.pre_activations(x[start:start + batch_size].to(model.device))
+        codes.append(model.code(a, x_centred)[0].float().cpu())
+    model.train(was_training)
+    return torch.cat(codes) if codes else x.new_zeros(0, model.config.hidden)
 
 
 @torch.no_grad()

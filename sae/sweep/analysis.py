@@ -99,7 +99,7 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     from sae import metrics
     from sae.checkpoints import read_checkpoint
     from sae.evaluate import dynamic_measures
-    from sae.models import encode_dataset, model_from_checkpoint
+    from sae.models import encode_codes, model_from_checkpoint
 
     settings = read_settings_file(folder / "config.yaml")
     settings = {**defaults(), **settings}
@@ -107,8 +107,7 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     state = read_checkpoint(ckpt)
     model = model_from_checkpoint(state)
     dm = data.get(settings)
-    _, train_codes = encode_dataset(model, dm.train_x)
-    _, test_codes = encode_dataset(model, dm.test_x)
+    train_codes, test_codes = encode_codes(model, dm.train_x), encode_codes(model, dm.test_x)
     probe = metrics.linear_probe(train_codes, dm.train_y, test_codes, dm.test_y, seed=0)
     sparse_probe = metrics.linear_probe(train_codes, dm.train_y, test_codes, dm.test_y, seed=0,
                                         loss="sparsemax")
@@ -133,7 +132,7 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
         "checkpoint_step": int(state.get("global_step", -1)),
         "n_train": len(dm.train_x),
         "n_test": len(dm.test_x),
-        **dynamic_measures(model, dm.test_x, test_codes, dm.train_x),
+        **dynamic_measures(model, dm.test_x, test_codes, dm.train_pca()),
     }
     with atomic_file(folder / "test_l0.npy") as fh:
         np.save(fh, test_l0)
