@@ -89,6 +89,22 @@ def analysis_is_current(folder: Path) -> bool:
         path.stat().st_mtime >= (folder / "metrics.json").stat().st_mtime
 
 
+def _dynamic(folder: Path, model, dm, test_codes) -> dict:
+    """The dynamic-sparsity measures: the run's own (metrics.json, computed by the same function
+    on the same final model at the end of training) or, for a run of an earlier version that
+    lacks them, computed here."""
+    from sae.evaluate import dynamic_measures
+    from sae.metrics import DYNAMIC_KEYS
+
+    try:
+        measured = json.loads((folder / "metrics.json").read_text())
+    except (OSError, ValueError):
+        measured = {}
+    if isinstance(measured, dict) and all(k in measured for k in DYNAMIC_KEYS):
+        return {k: measured[k] for k in DYNAMIC_KEYS}
+    return dynamic_measures(model, dm.test_x, test_codes, dm.train_pca())
+
+
 def analyse_run(folder: Path, data: DataCache) -> dict:
     """Probe, per-class L0 and L0–ink correlation of a finished run (cached in analysis.json)."""
     if analysis_is_current(folder):
@@ -98,7 +114,6 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
 
     from sae import metrics
     from sae.checkpoints import read_checkpoint
-    from sae.evaluate import dynamic_measures
     from sae.models import encode_codes, model_from_checkpoint
 
     settings = read_settings_file(folder / "config.yaml")
@@ -132,7 +147,7 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
         "checkpoint_step": int(state.get("global_step", -1)),
         "n_train": len(dm.train_x),
         "n_test": len(dm.test_x),
-        **dynamic_measures(model, dm.test_x, test_codes, dm.train_pca()),
+        **_dynamic(folder, model, dm, test_codes),
     }
     with atomic_file(folder / "test_l0.npy") as fh:
         np.save(fh, test_l0)
