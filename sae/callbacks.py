@@ -1,4 +1,5 @@
-"""Lightning callbacks: figures of what the SAE learned, rendered from validation statistics.
+"""Lightning callbacks: figures of what the SAE learned, rendered from validation statistics, and
+the per-epoch seed that makes a resumed run train as an uninterrupted one (:class:`EpochSeed`).
 
 Statistics are gathered on the device during validation from the tensors that
 ``SparseAutoencoder.validation_step`` returns (no host synchronisation in the training step),
@@ -201,6 +202,23 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     config = SAEConfig.from_dict(state["hyper_parameters"]["config"])
     return render_figures(stats, run_dir / "figures", run_label(config, settings["dataset"]),
                           dm.class_names)
+
+
+class EpochSeed(L.Callback):
+    """Seed torch's global generator from (seed, epoch) as each training epoch starts.
+
+    A checkpoint does not hold the generator's state, so without this the randomness of an epoch
+    (dead-unit resampling) would depend on whether the run was resumed before it; with it (and
+    ``sae.data.EpochShuffle`` for the order of the batches) a run resumed at an epoch boundary
+    trains exactly as one never stopped.
+    """
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        state = np.random.SeedSequence([self.seed, trainer.current_epoch, 1]).generate_state(2)
+        torch.manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
 def _tensorboards(trainer) -> list[TensorBoardLogger]:

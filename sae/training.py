@@ -42,27 +42,6 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
-    import numpy as np
-
-    state = np.random.SeedSequence([seed, epoch, 1]).generate_state(2)
-    return int(state[0]) << 32 | int(state[1])
-
-
-def EpochSeed(seed: int):
-    """A callback that seeds torch's global generator from (seed, epoch) as each training epoch
-    starts, so that the randomness of an epoch (dead-unit resampling) does not depend on whether
-    the run was resumed: a checkpoint does not hold the generator's state."""
-    import lightning.pytorch as L
-    import torch
-
-    class _EpochSeed(L.Callback):
-        def on_train_epoch_start(self, trainer, pl_module) -> None:
-            torch.manual_seed(_epoch_seed(seed, trainer.current_epoch))
-
-    return _EpochSeed()
-
-
 def checkpoint_to_resume(args: argparse.Namespace) -> Path:
     if args.resume in (None, "last"):
         return Path(args.out) / "checkpoints" / "last.ckpt"
@@ -115,6 +94,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     from sae import runfolder
+    from sae.callbacks import EpochSeed
     from sae.checkpoints import check_compatible, read_checkpoint
     from sae.convergence import last_epoch_change, read_validation
     from sae.data import DataSourceError, ImageDataModule
@@ -172,7 +152,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         ModelCheckpoint(dirpath=out / "checkpoints", filename="last", monitor=None,
                         save_top_k=1, enable_version_counter=False),
         timer,
-        EpochSeed(args.seed),
+        EpochSeed(args.seed),  # an epoch's randomness does not depend on a resume
     ]
     from sae.models import training_callbacks
 
