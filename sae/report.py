@@ -183,7 +183,7 @@ def _read_metrics(path: Path) -> tuple[dict[str, object], str | None]:
                     "so there are no final test metrics.")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # nested too deep
         return {}, f"metrics.json could not be read: {exc}"
     if not isinstance(data, Mapping):
         return {}, f"metrics.json holds a {type(data).__name__}, not an object."

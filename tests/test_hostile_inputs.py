@@ -104,6 +104,15 @@ def test_alias_bomb_as_config_yaml_is_refused_by_run_and_by_report(tmp_path, cap
     assert len(page) < 1e6 and "aliases expand" in page
 
 
+def test_a_report_of_metrics_json_nested_50_000_deep_says_so(tmp_path, capsys):
+    from sae.report import main as report
+
+    (tmp_path / "config.yaml").write_text("model: l1\n")
+    (tmp_path / "metrics.json").write_text("[" * 50_000 + "]" * 50_000)
+    assert report([str(tmp_path)]) == 0, capsys.readouterr().err
+    assert "metrics.json could not be read" in (tmp_path / "report.html").read_text()
+
+
 def test_a_huge_value_is_quoted_by_a_short_prefix(tmp_path, capsys):
     from sae.compare import main
 
