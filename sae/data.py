@@ -39,6 +39,7 @@ IDX_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
+MAX_IDX_BYTES = 256 << 20  # five times the largest file of either dataset (47 MB)
 IMAGE_SHAPE = (28, 28)  # both datasets; the figures and pages draw 28x28 images
 N_CLASSES = 10
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
@@ -50,14 +51,18 @@ class DataSourceError(RuntimeError):
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read one IDX file (``.gz`` or raw) into an array, checking its header against its size."""
+    """Read one IDX file (``.gz`` or raw) into an array, checking its header against its size
+    and reading at most :data:`MAX_IDX_BYTES` (a small ``.gz`` can unpack to any size)."""
     path = Path(path)
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_IDX_BYTES + 1)
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataSourceError(f"cannot read {path}: {e}") from None
+    if len(raw) > MAX_IDX_BYTES:  # a small .gz can unpack to any size
+        raise DataSourceError(f"{path} holds more than {MAX_IDX_BYTES >> 20} MiB; not MNIST "
+                              "or Fashion-MNIST")
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise DataSourceError(f"{path} is not an IDX file (bad magic number)")
     dtype, ndim = np.dtype(_IDX_DTYPES[raw[2]]), raw[3]

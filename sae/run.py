@@ -149,8 +149,9 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 @contextmanager
 def _signals_held():
-    """Ctrl-C and SIGTERM wait while the run folder is made: one that arrives meanwhile is
-    raised when the folder and what this process made of it are known, so they can be undone."""
+    """Ctrl-C and SIGTERM wait while something that must not be cut short runs (the run folder
+    being made, an import): one that arrives meanwhile is raised at the end of the block, when
+    what was made is known and can be undone."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         yield

@@ -254,6 +254,19 @@ def _labels_out_of_range(folder):
     write_idx(folder / "train-labels-idx1-ubyte", np.full(30, 12))
 
 
+def test_an_idx_file_that_unpacks_to_more_than_the_bound_is_refused(tmp_path, monkeypatch):
+    import gzip
+
+    import sae.data
+
+    monkeypatch.setattr(sae.data, "MAX_IDX_BYTES", 1 << 20)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(bytes(2 << 20)))  # 2 MiB of zeros in a few kB
+    assert path.stat().st_size < 20_000
+    with pytest.raises(sae.data.DataSourceError, match="more than 1 MiB"):
+        sae.data.read_idx(path)
+
+
 @pytest.mark.parametrize("damage, message", [
     (_float_images, "bytes"), (_small_images, "10x10 images"), (_no_test_images, "no images"),
     (_dimensions_that_overflow, "corrupt"), (_labels_out_of_range, "label 12"),
