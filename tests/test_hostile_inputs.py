@@ -348,7 +348,7 @@ def test_a_signal_while_starting_is_one_line_and_leaves_no_folder(tmp_path, data
                                                                   code, word):
     out = tmp_path / "made" / "run"
     delays = []
-    for delay in (0.5, 1.5, 3.0):  # while checking, importing torch and Lightning, setting up
+    for delay in (0.5, 2.0):  # while checking the settings; while importing torch and Lightning
         proc = subprocess.Popen([sys.executable, "-m", "sae.run", "--out", str(out),
                                  "--epochs", "50", *QUICK, "--no-figures", "--no-report"],
                                 cwd=tmp_path, env=cli_env(tmp_path, data_dir),
