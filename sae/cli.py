@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import reprlib
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -20,8 +21,9 @@ import yaml
 
 from sae.config import SECTIONS, RunFolderConfig
 
-__all__ = ["SETTINGS", "Setting", "UsageError", "build_parser", "check_fields", "check_mapping",
-           "config_file_dict", "load_yaml", "read_settings_file", "resolve_settings", "to_argv"]
+__all__ = ["SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser", "check_fields",
+           "check_mapping", "config_file_dict", "load_yaml", "parse_yaml", "path_arg",
+           "read_settings_file", "resolve_settings", "shown", "to_argv"]
 
 
 class UsageError(Exception):
@@ -74,11 +76,28 @@ _BY_KEY = {alias: s for s in SETTINGS.values()
 # ---------------------------------------------------------------- values
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 2, 60, 40, 60
+_SHORT.maxtuple = _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxset = 4
+
+
+def shown(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to a short prefix: how an error message quotes a user's value (a
+    value read from a file can be megabytes long)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _number_text(x) -> str:
+    return shown(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _bounded(s: Setting, value):
     if s.low is not None and (value <= s.low if s.low_open else value < s.low):
-        raise ValueError(f"must be {'>' if s.low_open else '>='} {s.low:g}, got {value:g}")
+        raise ValueError(f"must be {'>' if s.low_open else '>='} {_number_text(s.low)}, "
+                         f"got {_number_text(value)}")
     if s.high is not None and value > s.high:
-        raise ValueError(f"must be <= {s.high:g}, got {value:g}")
+        raise ValueError(f"must be <= {_number_text(s.high)}, got {_number_text(value)}")
     return value
 
 
@@ -86,16 +105,16 @@ def _number(s: Setting, value):
     kind = int if s.type == "int" else float
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, "
-                         f"got {value!r}")
+                         f"got {shown(value)}")
     if isinstance(value, float) and kind is int:
-        raise ValueError(f"expected an integer, got {value!r}")
+        raise ValueError(f"expected an integer, got {shown(value)}")
     try:
         number = kind(value)
     except ValueError:
         raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, "
-                         f"got {value!r}") from None
+                         f"got {shown(value)}") from None
     if kind is float and number != number or number in (float("inf"), float("-inf")):
-        raise ValueError(f"must be finite, got {value!r}")
+        raise ValueError(f"must be finite, got {shown(value)}")
     return _bounded(s, number)
 
 
@@ -110,18 +129,18 @@ def _devices(value):
         try:
             items = [int(t) for t in value.split(",") if t.strip()]
         except ValueError:
-            raise ValueError(f"expected auto, N or a list like 0,1, got {value!r}") from None
+            raise ValueError(f"expected auto, N or a list like 0,1, got {shown(value)}") from None
         if "," not in value:  # a count
             items = items[:1]
             if items and items[0] == -1:
                 return -1
             if not items or items[0] < 1:
-                raise ValueError(f"a device count must be >= 1 (or -1 for all), got {value!r}")
+                raise ValueError(f"a device count must be >= 1 (or -1 for all), got {shown(value)}")
             return items[0]
     else:
-        raise ValueError(f"expected auto, N or a list like 0,1, got {value!r}")
+        raise ValueError(f"expected auto, N or a list like 0,1, got {shown(value)}")
     if not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
-        raise ValueError(f"expected auto, N or a list of device ids >= 0, got {value!r}")
+        raise ValueError(f"expected auto, N or a list of device ids >= 0, got {shown(value)}")
     if isinstance(value, int):
         if value == 0:
             raise ValueError("a device count must be >= 1 (or -1 for all), got 0")
@@ -139,17 +158,17 @@ def convert(s: Setting, value, text: bool = False):
         return s.default
     if s.type == "bool":
         if not isinstance(value, bool):
-            raise ValueError(f"takes true or false, got {value!r}")
+            raise ValueError(f"takes true or false, got {shown(value)}")
         return value
     if s.type in ("int", "float"):
         return _number(s, value)
     if s.type == "devices":
         return _devices(value)
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"expected text, got {value!r}")
+        raise ValueError(f"expected text, got {shown(value)}")
     value = str(value)
     if s.choices is not None and value not in s.choices:
-        raise ValueError(f"must be one of {', '.join(map(str, s.choices))}, got {value!r}")
+        raise ValueError(f"must be one of {', '.join(map(str, s.choices))}, got {shown(value)}")
     return value
 
 
@@ -164,7 +183,7 @@ def check_fields(obj) -> None:
             continue
         try:
             if convert(s, value) != value:
-                raise ValueError(f"got {value!r}")
+                raise ValueError(f"got {shown(value)}")
         except ValueError as e:
             raise ValueError(f"{s.flag} {e}") from None
 
@@ -173,8 +192,22 @@ def check_fields(obj) -> None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse prints usage + message; users get one line
+    """The parser of every ``python -m sae.*`` command: a usage error is a :class:`UsageError`,
+    which the command prints as one ``error:`` line with exit code 2 (argparse would print the
+    usage too)."""
+
+    def error(self, message: str):
         raise UsageError(message)
+
+
+def path_arg(text: str) -> Path:
+    """An argparse ``type`` for a path: one the file system would refuse as too long is a usage
+    error here, not an OSError wherever it is first used."""
+    try:
+        check_path_names("the path", text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)[len("the path: "):]) from None
+    return Path(text)
 
 
 def _parse_text(s: Setting):
@@ -233,17 +266,85 @@ def to_argv(settings: dict) -> list[str]:
 # ---------------------------------------------------------------- YAML
 
 
+# Bounds on a settings or sweep file: far above any real one (a sweep file is a few kB, nests
+# four levels, and uses no aliases), far below what would cost seconds or memory to build.
+MAX_YAML_BYTES = 1_000_000
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000  # values in the document once every alias is expanded
+
+
+class YAMLTooComplex(yaml.YAMLError):
+    """A document over the bounds above (an alias bomb, absurd nesting): refused unbuilt."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """safe_load that refuses a mapping with a repeated key (YAML keeps the last silently)."""
+    """safe_load that refuses a mapping with a repeated key (YAML keeps the last silently) and
+    a document over the bounds above, checked on the composed node graph before any value is
+    built: an alias bomb is a few hundred nodes with aliases, so it is measured, not expanded."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YAMLTooComplex(f"it nests deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node):
+        _check_expanded_size(node)
+        return super().construct_document(node)
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Count the values of ``root`` with aliases expanded (memoised per node, so linear in the
+    composed graph); refuse a self-referencing document or one over :data:`MAX_YAML_NODES`."""
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        if finished:
+            total = 1 + sum(size[id(child)] for child in _children(node))
+            open_nodes.discard(id(node))
+            size[id(node)] = total
+            if total > MAX_YAML_NODES:
+                raise YAMLTooComplex(f"its aliases expand to more than {MAX_YAML_NODES:,} values")
+            continue
+        if id(node) in size:
+            continue
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in open_nodes:
+                raise YAMLTooComplex("an alias refers to a value that contains it")
+            if id(child) not in size:
+                stack.append((child, False))
 
 
 def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
     seen = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a plain value, not a {key_node.id} "
+                f"(line {key_node.start_mark.line + 1})", key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"repeated key {key!r} (line {key_node.start_mark.line + 1})",
+                None, None, f"repeated key {shown(key)} (line {key_node.start_mark.line + 1})",
                 key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep)
@@ -252,24 +353,41 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
-def load_yaml(path: str | Path, what: str):
-    """The YAML document in ``path`` (safe: no tags that build objects; no repeated keys)."""
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{what} {path} is a folder, not a file")
-    if not path.is_file():
-        raise UsageError(f"{what} {path} does not exist")
+def parse_yaml(text: str, what: str):
+    """The YAML document in ``text`` read with the bounded safe loader above.
+
+    Raises:
+        UsageError: not valid YAML, a repeated key, or over the bounds (``what`` names it).
+    """
+    if len(text) > MAX_YAML_BYTES:
+        raise UsageError(f"{what} is refused: it is larger than {MAX_YAML_BYTES:,} characters")
     try:
-        text = path.read_text(encoding="utf-8")
+        return yaml.load(text, Loader=_StrictLoader)
+    except YAMLTooComplex as e:
+        raise UsageError(f"{what} is refused: {e}") from None
+    except yaml.YAMLError as e:
+        reason = " ".join(str(e).split())
+        raise UsageError(f"{what} is not valid YAML ({reason[:200]})") from None
+    except RecursionError:  # a bound above should come first; never a traceback
+        raise UsageError(f"{what} is refused: it nests too deeply") from None
+
+
+def load_yaml(path: str | Path, what: str):
+    """The YAML document in ``path`` (safe: no tags that build objects; no repeated keys;
+    bounded in size, nesting and alias expansion)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise UsageError(f"{what} {path} is a folder, not a file")
+        if not path.is_file():
+            raise UsageError(f"{what} {path} does not exist")
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_YAML_BYTES + 1)
     except UnicodeDecodeError:
         raise UsageError(f"{what} {path} is not UTF-8 text") from None
     except OSError as e:
-        raise UsageError(f"{what} {path} cannot be read ({e.strerror})") from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as e:
-        reason = " ".join(str(e).split())
-        raise UsageError(f"{what} {path} is not valid YAML ({reason[:200]})") from None
+        raise UsageError(f"{what} {path} cannot be read ({e.strerror or e})") from None
+    return parse_yaml(text, f"{what} {path}")
 
 
 def check_mapping(mapping, where: str, exclude: frozenset = frozenset(),
@@ -287,13 +405,14 @@ def check_mapping(mapping, where: str, exclude: frozenset = frozenset(),
     for key, value in mapping.items():
         s = _BY_KEY.get(key) if isinstance(key, str) else None
         if s is None or not s.file:
-            raise UsageError(f"{where}: unknown setting {key!r} (see python -m sae.run --help)")
+            raise UsageError(f"{where}: unknown setting {shown(key)} "
+                             "(see python -m sae.run --help)")
         if s.name in exclude:
-            raise UsageError(f"{where}: {key!r} cannot be set here")
+            raise UsageError(f"{where}: {shown(key)} cannot be set here")
         if s.name in out:
-            raise UsageError(f"{where}: {key!r} is given twice")
+            raise UsageError(f"{where}: {shown(key)} is given twice")
         if isinstance(value, dict):
-            raise UsageError(f"{where}: {key!r} takes a value, not a mapping")
+            raise UsageError(f"{where}: {shown(key)} takes a value, not a mapping")
         try:
             if isinstance(value, list) and s.name in lists:
                 out[s.name] = [convert(s, v) for v in value]
@@ -328,10 +447,32 @@ def defaults() -> dict:
     return {name: s.default for name, s in SETTINGS.items()}
 
 
+PATH_SETTINGS = ("out", "resume", "config", "data_dir")
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: the limits of Linux and macOS file systems
+
+
+def check_path_names(flag: str, path: str | Path) -> None:
+    """Refuse a path the file system would refuse with ENAMETOOLONG, before it is used."""
+    encoded = os.fsencode(path)
+    if len(encoded) >= PATH_MAX:
+        raise UsageError(f"{flag}: the path is longer than file systems allow ({PATH_MAX} bytes)")
+    for part in Path(path).parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise UsageError(f"{flag}: the name {shown(part, 40)} is longer than file systems "
+                             f"allow ({NAME_MAX} bytes)")
+
+
+def _check_paths(settings: dict) -> None:
+    for name in PATH_SETTINGS:
+        if isinstance(settings.get(name), str):
+            check_path_names(SETTINGS[name].flag, settings[name])
+
+
 def resolve_settings(argv: list[str]) -> argparse.Namespace:
     """Layer defaults < ``--config`` < the resumed run's ``config.yaml`` < explicit flags."""
     build_parser().parse_args(argv)  # --help (with defaults shown) and bad values end here
     explicit = vars(build_parser(suppress=True).parse_args(argv))
+    _check_paths({**explicit, "out": explicit.get("out") or os.environ.get("SAE_RUN_DIR")})
     settings = defaults()
     if explicit.get("config"):
         settings.update(read_settings_file(explicit["config"]))
@@ -356,6 +497,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
         settings["out"] = os.environ.get("SAE_RUN_DIR") or str(
             Path("runs") / f"{settings['dataset']}-{settings['model']}-"
             f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    _check_paths(settings)  # data_dir may come from a file
     return argparse.Namespace(**settings)
 
 

@@ -86,6 +86,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from sae.cli import OneLineParser, path_arg
 from sae.io import copy_file, write_text
 from sae.run import EXIT_USAGE, UsageError
 from sae.sweep.launch import (
@@ -102,21 +103,17 @@ from sae.sweep.render import FIGURE_FILES, publish_page, write_outputs
 from sae.sweep.spec import Run, Sweep, load_sweep, plan
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are UsageErrors (one ``error:`` line from main)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message)
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line, checked: ``--jobs`` an integer >= 1, ``--out`` and ``--publish`` paths."""
-    p = _Parser(prog="python -m sae.compare",
-                description="Train every combination of a sweep file through sae.run (skipping "
-                            "finished runs, resuming interrupted ones), analyse them, and write "
-                            "results.csv, comparison.md, comparison.html and plots.")
-    p.add_argument("sweep", help="sweep file (YAML), e.g. experiments/quick.yaml")
-    p.add_argument("--out", default=None, help="sweep folder (default: sweeps/<file stem>)")
+    p = OneLineParser(prog="python -m sae.compare",
+                      description="Train every combination of a sweep file through sae.run "
+                                  "(skipping finished runs, resuming interrupted ones), analyse "
+                                  "them, and write results.csv, comparison.md, comparison.html "
+                                  "and plots.")
+    p.add_argument("sweep", type=path_arg,
+                   help="sweep file (YAML), e.g. experiments/quick.yaml")
+    p.add_argument("--out", type=path_arg, default=None,
+                   help="sweep folder (default: sweeps/<file stem>)")
     p.add_argument("--jobs", default="1", help="runs trained at the same time (default: 1)")
     p.add_argument("--engine", choices=("workers", "processes"), default="workers",
                    help="workers: single-process runs train in one long-lived process per job "
@@ -124,7 +121,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "`python -m sae.run` process (default: workers)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the file and show what would run; train nothing, write nothing")
-    p.add_argument("--publish", default=None, metavar="DIR",
+    p.add_argument("--publish", type=path_arg, default=None, metavar="DIR",
                    help="also copy the tables, plots, comparison.html and sweep.yaml (no run "
                         "folders) to DIR, e.g. figures/compare/mnist")
     args = p.parse_args(argv)

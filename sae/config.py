@@ -166,7 +166,8 @@ class TrainConfig:
                                     "when reached first)", low=1, nullable=True)
     batch_size: int = setting(256, "training batch size", low=1)
     grad_clip: float = setting(1.0, "gradient-norm clipping; 0 disables", low=0)
-    seed: int = setting(0, "seed of initialisation, data order and the data-init images", low=0)
+    seed: int = setting(0, "seed of initialisation, data order and the data-init images", low=0,
+                        high=2**32 - 1)  # what NumPy's and Lightning's seeding accept
 
 
 @dataclass

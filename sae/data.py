@@ -16,6 +16,7 @@ index slice of it. torchvision's per-sample PIL path costs ~60x more per epoch f
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ IDX_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
+MAX_IDX_BYTES = 256 << 20  # five times the largest file of either dataset (47 MB)
+IMAGE_SHAPE = (28, 28)  # both datasets; the figures and pages draw 28x28 images
+N_CLASSES = 10
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
                0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
@@ -47,14 +51,18 @@ class DataSourceError(RuntimeError):
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read one IDX file (``.gz`` or raw) into an array, checking its header against its size."""
+    """Read one IDX file (``.gz`` or raw) into an array, checking its header against its size
+    and reading at most :data:`MAX_IDX_BYTES` (a small ``.gz`` can unpack to any size)."""
     path = Path(path)
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_IDX_BYTES + 1)
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataSourceError(f"cannot read {path}: {e}") from None
+    if len(raw) > MAX_IDX_BYTES:  # a small .gz can unpack to any size
+        raise DataSourceError(f"{path} holds more than {MAX_IDX_BYTES >> 20} MiB; not MNIST "
+                              "or Fashion-MNIST")
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise DataSourceError(f"{path} is not an IDX file (bad magic number)")
     dtype, ndim = np.dtype(_IDX_DTYPES[raw[2]]), raw[3]
@@ -62,7 +70,7 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < header:
         raise DataSourceError(f"{path} is truncated (header cut short)")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
-    expected = header + int(np.prod(shape)) * dtype.itemsize
+    expected = header + math.prod(shape) * dtype.itemsize  # exact: np.prod can wrap to 0
     if len(raw) != expected:
         raise DataSourceError(
             f"{path} is truncated or corrupt: {len(raw)} bytes, header promises {expected}")
@@ -108,9 +116,27 @@ def _read_folder(folder: Path) -> ImageArrays:
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise DataSourceError(
                 f"{folder}: {split} images {images.shape} do not match labels {labels.shape}")
+        _check_split(folder, split, images, labels)
     return ImageArrays(
         arrays["train_images"], arrays["train_labels"].astype(np.int64),
         arrays["test_images"], arrays["test_labels"].astype(np.int64), source=str(folder))
+
+
+def _check_split(folder: Path, split: str, images: np.ndarray, labels: np.ndarray) -> None:
+    """What the models and pages assume of every image and label, refused here rather than as a
+    failure in training or in a page built later."""
+    stem = IDX_FILES[f"{split}_images"]
+    if images.dtype != np.uint8 or labels.dtype != np.uint8:
+        raise DataSourceError(f"{folder}: {split} images and labels must be bytes (IDX type "
+                              f"0x08), got {images.dtype} and {labels.dtype}")
+    if images.shape[1:] != IMAGE_SHAPE:
+        raise DataSourceError(f"{folder}: {stem} holds {images.shape[1]}x{images.shape[2]} "
+                              f"images; {IMAGE_SHAPE[0]}x{IMAGE_SHAPE[1]} expected")
+    if len(images) == 0:
+        raise DataSourceError(f"{folder}: {stem} holds no images")
+    if labels.max() >= N_CLASSES:
+        raise DataSourceError(f"{folder}: {IDX_FILES[f'{split}_labels']} holds label "
+                              f"{int(labels.max())}; labels are 0 to {N_CLASSES - 1}")
 
 
 _READ: dict[tuple, ImageArrays] = {}  # the folders read last, for processes that train many runs

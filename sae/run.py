@@ -25,11 +25,15 @@ import argparse
 import os
 import signal
 import sys
+import traceback
+from contextlib import contextmanager
 from dataclasses import fields
+from importlib.util import find_spec
 from pathlib import Path
 
 from sae.cli import UsageError, build_parser, config_file_dict, resolve_settings
 from sae.config import SAEConfig
+from sae.training import Terminated  # light: torch and Lightning are imported when training
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "check_settings", "main", "model_config",
            "resolve_settings"]
@@ -39,6 +43,13 @@ EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 PARENT_ENV = "SAE_STOP_WITH_PARENT"  # a sweep's pid: stop (SIGTERM) when that process dies
+# set by the launchers that start a run on several machines (torchrun, SLURM, MPI, LSF); without
+# one, each machine waits for the others forever
+LAUNCHER_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LSB_JOBID")
+# weights held in 16 bits: the models here diverge in float16 and evaluate in float32
+HALF_WEIGHTS = ("16-true", "bf16-true")
+NEEDS_PACKAGE = {"tpu": "torch_xla", "transformer-engine": "transformer_engine",
+                 "transformer-engine-float16": "transformer_engine"}
 
 
 def is_primary_process() -> bool:
@@ -69,6 +80,40 @@ def check_settings(args: argparse.Namespace) -> None:
         last = Path(args.out) / "checkpoints" / "last.ckpt"
         if not last.is_file():
             raise UsageError(f"cannot resume: no checkpoint at {last}")
+    if args.num_nodes > 1 and not any(os.environ.get(name) for name in LAUNCHER_ENV):
+        raise UsageError(f"--num-nodes {args.num_nodes} needs a launcher that starts the run on "
+                         f"every machine (torchrun, SLURM; none of {', '.join(LAUNCHER_ENV)} "
+                         "is set); on one machine use --num-nodes 1")
+    if args.precision in HALF_WEIGHTS:
+        raise UsageError(f"--precision {args.precision} keeps the weights in 16 bits, which "
+                         "these models cannot train or be evaluated in; use "
+                         f"{args.precision.replace('true', 'mixed')}")
+    for flag, value in (("--accelerator", args.accelerator), ("--precision", args.precision)):
+        if value in NEEDS_PACKAGE and find_spec(NEEDS_PACKAGE[value]) is None:
+            raise UsageError(f"{flag} {value} needs the {NEEDS_PACKAGE[value]} package, which "
+                             "is not installed")
+
+
+def check_devices(args: argparse.Namespace) -> None:
+    """Whether the device kind asked for is here (imports torch: after the checks above, still
+    before the run folder is claimed)."""
+    needs_cuda = args.accelerator == "cuda" or args.precision.startswith("transformer-engine")
+    if not (needs_cuda or args.accelerator in ("gpu", "mps")):
+        return
+    with _signals_held():
+        import torch
+
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    if needs_cuda and not cuda:
+        what = (f"--precision {args.precision}" if args.accelerator != "cuda"
+                else "--accelerator cuda")
+        raise UsageError(f"{what} needs a CUDA GPU, and torch sees none here")
+    if args.accelerator == "gpu" and not (cuda or mps):
+        raise UsageError("--accelerator gpu: torch sees no CUDA or MPS device here; use "
+                         "--accelerator cpu or auto")
+    if args.accelerator == "mps" and not mps:
+        raise UsageError("--accelerator mps: torch sees no MPS device here (Apple silicon "
+                         "only); use --accelerator cpu or auto")
 
 
 def write_config(args: argparse.Namespace, path: Path) -> None:
@@ -96,56 +141,117 @@ def stop_with_parent() -> None:
 
 
 def _raise_terminated(signum, frame):
-    from sae.training import Terminated
-
     raise Terminated
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM wait while something that must not be cut short runs (the run folder
+    being made, an import): one that arrives meanwhile is raised at the end of the block, when
+    what was made is known and can be undone."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def _checked(argv: list[str]) -> tuple[argparse.Namespace, SAEConfig]:
+    args = resolve_settings(argv)
+    config = model_config(args)
+    check_settings(args)
+    check_devices(args)
+    return args, config
+
+
+def _import_training() -> None:
+    """Import torch, Lightning and the training modules. A signal raised in the middle of an
+    import leaves half-made modules that fail in odd ways later, so this runs with the stop
+    signals held: a Ctrl-C or SIGTERM then takes effect the moment the imports are done."""
+    import lightning.pytorch.loggers  # noqa: F401
+
+    import sae.checkpoints
+    import sae.data
+    import sae.evaluate
+    import sae.models
+    import sae.training  # noqa: F401
+
+
+def _start(args: argparse.Namespace, out: Path, primary: bool) -> bool:
+    """Claim the run folder and write its settings; returns whether the folder was made now.
+    A failure undoes what it made and raises (UsageError, OSError)."""
+    if not primary:
+        return False
+    from sae import runfolder
+
+    mode = "resume" if args.resume is not None else "overwrite" if args.overwrite else "new"
+    created = runfolder.claim(out, mode)
+    if args.resume is None:
+        try:
+            write_config(args, out / "config.yaml")
+        except OSError:
+            runfolder.remove_unfinished(out, created)
+            raise
+    os.environ["SAE_RUN_DIR"] = str(out)  # DDP workers re-run this CLI: same folder
+    return created
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Ctrl-C (and a sweep's SIGINT) always interrupts, even when started from a shell that
-    # ignores SIGINT for its background jobs (the ignored disposition would be inherited)
+    # ignores SIGINT for its background jobs (the ignored disposition would be inherited);
+    # SIGTERM is one line and exit 143 from here on, during the imports too
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
-        args = resolve_settings(argv)
-        config = model_config(args)
-        check_settings(args)
+        args, config = _checked(argv)
     except UsageError as e:
         say(f"error: {e}")
         return EXIT_USAGE
-    out, created = Path(args.out), False
+    except (KeyboardInterrupt, Terminated) as e:
+        stopped = "terminated" if isinstance(e, Terminated) else "interrupted"
+        say(f"{stopped} before training started; nothing was written")
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    out, created, claimed = Path(args.out), False, False
     try:
-        if primary:
-            from sae import runfolder
-
-            mode = "resume" if args.resume is not None else \
-                "overwrite" if args.overwrite else "new"
-            created = runfolder.claim(out, mode)
-            if args.resume is None:
-                write_config(args, out / "config.yaml")
-            os.environ["SAE_RUN_DIR"] = str(out)  # DDP workers re-run this CLI: same folder
+        with _signals_held():
+            created = _start(args, out, primary)
+            claimed = True
+            _import_training()
     except UsageError as e:
         say(f"error: {e}")
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        say("interrupted before training started")
-        return EXIT_INTERRUPTED
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    except OSError as e:
+        say(f"error: cannot write to the run folder {out}: {e.strerror or e}")
+        return EXIT_FAILED
+    except (KeyboardInterrupt, Terminated) as e:
+        stopped = "terminated" if isinstance(e, Terminated) else "interrupted"
+        code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        if not claimed:  # the folder is not this run's: nothing of it is touched
+            say(f"{stopped} before training started; nothing was written")
+            return code
+        return _stopped(args, out, created, primary, say, stopped, code)
     if primary:
         stop_with_parent()
     return _train(args, config, out, created, primary, say)
 
 
+def _written_by(e: BaseException, function) -> bool:
+    """Whether ``function`` is on ``e``'s traceback (a checkpoint write, not a read, failed)."""
+    return any(frame.f_code is function.__code__ for frame, _ in traceback.walk_tb(e.__traceback__))
+
+
 def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
-    try:
-        from sae.checkpoints import CheckpointError
-        from sae.data import DataSourceError
-        from sae.models import NonFiniteLossError
-        from sae.training import Terminated, TrainingSetupError, train
-    except KeyboardInterrupt:
-        return _stopped(args, out, created, primary, say, "interrupted", EXIT_INTERRUPTED)
+    from sae.checkpoints import CheckpointError, write_checkpoint
+    from sae.data import DataSourceError
+    from sae.models import NonFiniteLossError
+    from sae.training import TrainingSetupError, train
+
     try:
         result = train(args, config)
     except KeyboardInterrupt:
@@ -153,16 +259,25 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
     except Terminated:
         return _stopped(args, out, created, primary, say, "terminated", EXIT_TERMINATED)
     except (DataSourceError, TrainingSetupError, CheckpointError) as e:
+        failed_write = isinstance(e, CheckpointError) and _written_by(e, write_checkpoint)
         if args.resume is None:
             _undo_start(out, created, primary)
         say(f"error: {e}")
-        return EXIT_USAGE
+        return EXIT_FAILED if failed_write else EXIT_USAGE
     except NonFiniteLossError as e:
         last = out / "checkpoints" / "last.ckpt"
-        kept = f"last good checkpoint kept at {last}" if last.is_file() else "no checkpoint yet"
+        if last.is_file():
+            kept = f"last good checkpoint kept at {last}"
+        elif args.resume is None:
+            _undo_start(out, created, primary)
+            kept = "no checkpoint yet, nothing was kept"
+        else:
+            kept = "no checkpoint yet"
         say(f"error: training stopped: {e}; {kept}")
         return EXIT_FAILED
     except OSError as e:
+        if args.resume is None:
+            _undo_start(out, created, primary)
         say(f"error: cannot write to the run folder {out}: {e.strerror or e}")
         return EXIT_FAILED
     if result:

@@ -36,6 +36,7 @@ RUN_ENTRIES = {MARKER, LOCK, "config.yaml", "metrics.csv", "metrics.json", "chec
                "analysis.json", "test_l0.npy"}
 
 _held: dict[Path, int] = {}  # folder -> open lock file descriptor
+_made_parents: dict[Path, Path] = {}  # folder -> the outermost of the parents claim made for it
 
 
 def _lock(folder: Path) -> None:
@@ -119,8 +120,13 @@ def claim(folder: Path, mode: str) -> bool:
         (folder / MARKER).write_text("made by python -m sae.run\n")
         return False
     created = not folder.exists()
+    top = folder.absolute()  # the outermost folder made now: a failed start removes it again
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if created and top != folder.absolute():
+            _made_parents[folder.absolute()] = top
         _lock(folder)
         if any(p.name not in (LOCK,) for p in folder.iterdir()):  # another run got here first
             release(folder)
@@ -139,6 +145,14 @@ def remove_unfinished(folder: Path, created: bool) -> None:
     release(folder)
     if created:
         shutil.rmtree(folder, ignore_errors=True)
+        top = _made_parents.pop(folder.absolute(), None)
+        parent = folder.absolute().parent
+        while top is not None and parent != top.parent:
+            try:
+                parent.rmdir()  # only while empty: what someone else put there stays
+            except OSError:
+                break
+            parent = parent.parent
     else:
         for entry in folder.iterdir():
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink()

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from sae.features.build import build_features, checked_run
 from sae.report import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sae.cli import OneLineParser, UsageError  # light: no torch, no Lightning
+    from sae.cli import OneLineParser, UsageError, path_arg  # light: no torch, no Lightning
 
     parser = OneLineParser(prog="python -m sae.features",
                            description="Write <run-folder>/features.html: what each unit of a "
                                        "trained SAE responds to.")
-    parser.add_argument("run", type=Path, help="run folder (holds config.yaml, checkpoints/)")
-    parser.add_argument("--data-dir", type=Path, default=None,
+    parser.add_argument("run", type=path_arg, help="run folder (holds config.yaml, checkpoints/)")
+    parser.add_argument("--data-dir", type=path_arg, default=None,
                         help="folder with the IDX files (default: the run's, $SAE_DATA_DIR)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=path_arg, default=None,
                         help="write the page here (default: <run-folder>/features.html)")
     parser.add_argument("--max-inputs", type=int, default=None,
                         help="use only the first N test inputs")

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sae.cli import UsageError, check_mapping, load_yaml, resolve_settings, to_argv
+from sae.cli import UsageError, check_mapping, load_yaml, resolve_settings, shown, to_argv
 from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES
 
 __all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
@@ -114,7 +114,7 @@ def _settings(mapping: object, where: str, lists: frozenset = frozenset()) -> di
     if isinstance(mapping, dict):
         for key in mapping:
             if isinstance(key, str) and key.replace("-", "_") in RUNNER_KEYS | STRUCTURE_KEYS:
-                raise UsageError(f"{where}: {key!r} cannot be set here (the sweep sets it)")
+                raise UsageError(f"{where}: {shown(key)} cannot be set here (the sweep sets it)")
     try:
         return check_mapping(mapping, where, lists=lists)
     except UsageError as e:
@@ -132,21 +132,23 @@ def _grid(values: object, where: str) -> tuple[float, ...]:
         raise UsageError(f"{where} must be a number or a non-empty list of numbers")
     names = [f"{v:g}" for v in values]
     if len(set(names)) != len(names):
-        raise UsageError(f"{where} repeats a value: {values}")
+        raise UsageError(f"{where} repeats a value: {shown(values)}")
     return tuple(values)
 
 
 def _model_entry(name: object, entry: object, path: Path) -> ModelEntry:
     from sae.config import MODELS
 
+    # the name is a folder name in the sweep: short enough for any file system
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise UsageError(f"{path}: model name {shown(name)} must be 1 to 64 letters, digits, "
+                         "'-', '_' or '.'")
     where = f"{path}: models.{name}"
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UsageError(f"model name {name!r} must be letters, digits, '-', '_' or '.'")
     entry = dict(entry) if isinstance(entry, dict) else entry
     kind = entry.pop("model", name) if isinstance(entry, dict) else name
     settings = _settings(entry, where, lists=frozenset({"lam", "k"}))
     if kind not in MODELS:
-        raise UsageError(f"{where}: unknown model {kind!r}; choose from {', '.join(MODELS)} "
+        raise UsageError(f"{where}: unknown model {shown(kind)}; choose from {', '.join(MODELS)} "
                          "(or give `model:`)")
     key = _grid_dest(kind)
     other = {"lam": "k", "k": "lam"}[key]
@@ -166,7 +168,7 @@ def _top_list(data: dict, key: str, kind: type, path: Path) -> tuple:
         raise UsageError(f"{path}: `{key}` must be a non-empty list, e.g. {key}: {example}")
     for v in values:
         if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
-            raise UsageError(f"{path}: `{key}` holds {v!r}; expected "
+            raise UsageError(f"{path}: `{key}` holds {shown(v)}; expected "
                              f"{'names' if kind is str else 'integers >= 0'}")
     if len(set(values)) != len(values):
         raise UsageError(f"{path}: `{key}` repeats a value")
@@ -182,11 +184,11 @@ def load_sweep(path: str | Path) -> Sweep:
         raise UsageError(f"sweep file {path} must hold a mapping with {', '.join(TOP_KEYS[1:])}")
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
-        raise UsageError(f"{path}: unknown key {unknown[0]!r}; expected {', '.join(TOP_KEYS)}")
+        raise UsageError(f"{path}: unknown key {shown(unknown[0])}; expected {', '.join(TOP_KEYS)}")
     datasets = _top_list(data, "datasets", str, path)
     for d in datasets:
         if d not in DATASETS:
-            raise UsageError(f"{path}: unknown dataset {d!r}; choose from "
+            raise UsageError(f"{path}: unknown dataset {shown(d)}; choose from "
                              f"{', '.join(DATASETS)}")
     seeds = _top_list(data, "seeds", int, path)
     common = _settings(data.get("common"), f"{path}: common")
@@ -197,7 +199,7 @@ def load_sweep(path: str | Path) -> Sweep:
     probe_loss = data.get("probe_loss", "softmax")
     if probe_loss not in PROBE_LOSSES:
         raise UsageError(f"{path}: `probe_loss` must be one of {', '.join(PROBE_LOSSES)}, "
-                         f"not {probe_loss!r}")
+                         f"not {shown(probe_loss)}")
     return Sweep(path, text, str(data.get("description") or ""), datasets, seeds, common,
                  entries, probe_loss)
 
