@@ -27,7 +27,8 @@ can cost anything:
    variance; ``state_dict`` holds exactly the tensors of that model, with their shapes and
    dtypes taken from the model itself, built on PyTorch's ``meta`` device (no memory), and of
    at most :data:`MAX_ELEMENTS` elements (so a huge ``hidden`` is refused before anything is
-   allocated); every weight is finite.
+   allocated; floating-point weights may be of any width, as ``--precision`` makes them); every
+   weight is finite.
 
 :func:`check_compatible` adds what resuming needs: the same model as the run, and optimiser,
 scheduler, loop and callback states of the shapes Lightning restores (so a crafted checkpoint
@@ -230,6 +231,8 @@ def expected_state(config: dict, path: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"checkpoint {path} has no model settings; not made by this tool")
     try:
         settings = SAEConfig.from_dict(config)
+        if isinstance(settings.input_dim, bool) or not isinstance(settings.input_dim, int):
+            raise ValueError(f"input_dim must be an integer, got {settings.input_dim!r:.40}")
         settings.validate()
     except (TypeError, ValueError) as e:
         reason = " ".join(str(e).split())[:160]
@@ -242,7 +245,7 @@ def expected_state(config: dict, path: str | Path) -> dict[str, torch.Tensor]:
     try:
         with torch.device("meta"):
             model = build_model(settings, None, 1.0)
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(f"checkpoint {path} has model settings this version cannot "
                               f"build ({' '.join(str(e).split())[:160]})") from None
     return model.state_dict()
@@ -270,8 +273,10 @@ def _check_schema(state: dict, path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} does not fit its model: its state_dict {what}")
     for name, want in expected.items():
         got = weights[name]
-        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape) or \
-                got.dtype != want.dtype:
+        # floating weights may be of any width (--precision bf16-true, 16-true, 64-true)
+        fits = isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape) and (
+            got.dtype == want.dtype or (got.is_floating_point() and want.is_floating_point()))
+        if not fits:
             shown = (f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor)
                      else type(got).__name__)
             raise CheckpointError(f"checkpoint {path} does not fit its model: {name} is "

@@ -110,8 +110,9 @@ def made_here(folder: Path, entries: set[str] | None = None) -> str | None:
     """None when ``folder`` is a run folder of this tool, else the reason it is not.
 
     That is: it carries :data:`MARKER`, or it has exactly the shape of a run folder of an
-    earlier version (a non-empty, valid ``config.yaml``, a ``checkpoints`` folder and nothing
-    but run-folder entries), or it holds only what a failed start leaves.
+    earlier version (a non-empty, valid ``config.yaml`` and nothing but run-folder entries: an
+    empty one, beside a user's own ``metrics.json``, is not), or it holds only what a failed
+    start leaves.
     """
     entries = {p.name for p in folder.iterdir()} if entries is None else entries
     if MARKER in entries or entries <= LEFTOVERS:
@@ -125,8 +126,8 @@ def made_here(folder: Path, entries: set[str] | None = None) -> str | None:
         settings = read_settings_file(folder / "config.yaml")
     except UsageError:
         return "its config.yaml is not a run's settings"
-    if not settings or not (folder / "checkpoints").is_dir():
-        return "it has no marker of this tool and is not a complete run folder"
+    if not settings:
+        return "it has no marker of this tool and its config.yaml holds no settings"
     return None
 
 

@@ -196,7 +196,10 @@ CRAFTED = {
     "missing key": (lambda s: s["state_dict"].pop("b_enc"), "lacks b_enc"),
     "extra key": (lambda s: s["state_dict"].__setitem__("evil", torch.zeros(1)), "unknown evil"),
     "wrong dtype": (lambda s: s["state_dict"].__setitem__(
-        "b_enc", s["state_dict"]["b_enc"].double()), "b_enc"),
+        "samples_since_fired", s["state_dict"]["samples_since_fired"].float()),
+        "samples_since_fired"),
+    "weights not floating": (lambda s: s["state_dict"].__setitem__(
+        "b_enc", s["state_dict"]["b_enc"].int()), "b_enc"),
     "state_dict not a dict": (lambda s: s.__setitem__("state_dict", [1, 2]), "state_dict"),
     "epoch not an integer": (lambda s: s.__setitem__("epoch", "2"), "epoch"),
     "global_step a float": (lambda s: s.__setitem__("global_step", 8.5), "global_step"),
@@ -379,6 +382,9 @@ def test_resume_into_a_folder_this_tool_did_not_make_is_refused(trained, tmp_pat
                          str(trained / "checkpoints" / "last.ckpt")])
     assert code == 2
     one_line(capsys, "refusing to resume", "no marker")
+    code = sae_run.main(["--model", "topk", *QUICK, "--out", str(proj), "--overwrite"])
+    assert code == 2
+    one_line(capsys, "refusing to --overwrite", "no marker")
     assert snapshot(proj) == before
 
 
