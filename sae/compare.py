@@ -48,8 +48,17 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
     fvu_vs_l0.png, probe_vs_l0.png, l0_distributions.png, class_l0.png, l0_ink_correlation.png
 
 ``--publish DIR`` copies everything above but ``runs/``, ``logs/`` and ``raw_probe.json`` to DIR
-(the committed ``figures/compare/<preset>/`` folders are made this way). DIR must be new, empty
-or an earlier publication; a folder holding anything else is refused before any work.
+(the committed ``figures/compare/<preset>/`` folders are made this way), with the marker file
+``.sae-publication``. DIR must be new, empty or an earlier publication (it carries the marker and
+only a publication's files); any other folder, even one holding only files named like a sweep's
+outputs, is refused before any work.
+
+Damage and interruptions: a sweep folder or run folder holding a link is refused (the writes
+would land outside it); a damaged ``analysis.json``, ``test_l0.npy`` or ``raw_probe.json`` is
+recomputed; a run whose ``metrics.json`` is damaged is reported as failed (one line; delete that
+file to train the run again) and the others are tabled. Ctrl-C or SIGTERM while the outputs are
+written stops with one line (exit 130 / 143); each output is written atomically, so none is left
+half-written.
 
 Each run trains as ``python -m sae.run ... --out <run folder>`` would: in one of ``--jobs``
 long-lived worker processes (:mod:`sae.sweep.worker`), which import torch and Lightning and read
@@ -87,7 +96,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sae.cli import OneLineParser, path_arg
-from sae.io import copy_file, write_text
+from sae.io import copy_file, find_link, write_text
 from sae.run import EXIT_USAGE, UsageError
 from sae.sweep.launch import (
     check_folders,
@@ -134,18 +143,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 PUBLISHED = ("sweep.yaml", "results.csv", "comparison.md", "comparison.html", *FIGURE_FILES)
+PUBLISH_MARKER = ".sae-publication"  # in every folder --publish made: it may be refreshed
 
 
 def check_publish_dir(folder: Path) -> None:
-    """A --publish folder may be new, empty, or an earlier publication (only PUBLISHED files):
-    anything else in it is the user's, and is never overwritten."""
+    """A --publish folder may be new, empty, or an earlier publication (the marker and only
+    PUBLISHED files): anything else in it is the user's, and is never overwritten."""
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--publish {folder} exists and is not a folder")
+    if not folder.is_dir():
+        return
+    entries = {p.name for p in folder.iterdir()}
+    other = sorted(entries - {*PUBLISHED, PUBLISH_MARKER})
+    if other:
+        raise UsageError(f"--publish {folder} holds files that are not a sweep's outputs "
+                         f"({other[0]}, ...); choose an empty or new folder")
+    if entries and PUBLISH_MARKER not in entries:
+        raise UsageError(f"--publish {folder} was not made by --publish (no {PUBLISH_MARKER}); "
+                         "its files are left alone: choose an empty or new folder")
+    link = find_link(folder)
+    if link is not None:
+        raise UsageError(f"--publish {folder}: {link} is a link; refusing to write there")
+
+
+def check_sweep_dir(folder: Path) -> None:
+    """Refuse a sweep folder with a link anywhere inside: its runs, logs and tables would be
+    written through it, outside the folder."""
     if folder.is_dir():
-        other = sorted(p.name for p in folder.iterdir() if p.name not in PUBLISHED)
-        if other:
-            raise UsageError(f"--publish {folder} holds files that are not a sweep's outputs "
-                             f"({other[0]}, ...); choose an empty or new folder")
+        link = find_link(folder)
+        if link is not None:
+            raise UsageError(f"refusing sweep folder {folder}: {link} is a link (a sweep folder "
+                             "holds no links; remove it)")
 
 
 def publish(sweep_dir: Path, folder: Path, sweep: Sweep | None = None,
@@ -157,6 +185,7 @@ def publish(sweep_dir: Path, folder: Path, sweep: Sweep | None = None,
     page where they lie beside it).
     """
     folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / PUBLISH_MARKER, "made by python -m sae.compare --publish\n")
     copies = []
     for name in PUBLISHED:
         if (sweep_dir / name).is_file():
@@ -198,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.sweep)
         runs = plan(sweep)
         gpus = visible_gpus() if any(uses_gpu(r) for r in runs) else []
+        check_sweep_dir(args.out)
         check_folders(args.out, runs, args.jobs, gpus)
         if args.publish is not None:
             check_publish_dir(args.publish)
@@ -224,17 +254,38 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{what}; run the same command again to continue ({args.out})",
                   file=sys.stderr)
             return 143 if isinstance(e, Terminated) else 130
-        written = write_outputs(args.out, sweep, runs, analyses)
-        say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
-            f" in {args.out}")
-        if args.publish is not None:
-            copies = publish(args.out, args.publish, sweep, runs)
-            say(f"published {len(copies)} files to {args.publish}")
+        failed += report_damaged(args.out, runs, say)
+        try:
+            written = write_outputs(args.out, sweep, runs, analyses)
+            say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
+                f" in {args.out}")
+            if args.publish is not None:
+                copies = publish(args.out, args.publish, sweep, runs)
+                say(f"published {len(copies)} files to {args.publish}")
+        except KeyboardInterrupt as e:  # each file is written atomically: none is half-made
+            what = "terminated" if isinstance(e, Terminated) else "interrupted"
+            print(f"{what} while writing the tables; run the same command again to write them "
+                  f"({args.out})", file=sys.stderr)
+            return 143 if isinstance(e, Terminated) else 130
     if failed:
         print(f"error: {failed} of {len(runs)} runs failed; see their logs in {args.out / 'logs'}",
               file=sys.stderr)
         return 1
     return 0
+
+
+def report_damaged(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> int:
+    """Say which finished runs have a damaged ``metrics.json`` (left out of the tables); returns
+    how many. Not retrained: the file is the run's own record, and a changed record is the
+    user's to judge (deleting it makes the next sweep train the run again)."""
+    from sae.sweep.analysis import run_metrics
+
+    damaged = [r for r in runs if run_state(sweep_dir / r.rel) == "done"
+               and run_metrics(sweep_dir / r.rel) is None]
+    for run in damaged:
+        say(f"warning: {run.rel}: metrics.json is damaged; left out of the tables (delete "
+            f"{sweep_dir / run.rel / 'metrics.json'} to train the run again)")
+    return len(damaged)
 
 
 if __name__ == "__main__":

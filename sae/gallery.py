@@ -9,28 +9,69 @@ the firing-frequency figures share one fixed log axis, so the same height means 
 frequency side by side.
 
     python -m sae.gallery --out figures/gallery --runs runs/gallery
+
+Bad values (here or in the flags passed on to ``sae.run``) are one ``error:`` line and exit
+code 2 before ``--out`` is created; so is a finished run whose ``metrics.json`` or latest figure
+is damaged (delete it to make it again). Ctrl-C: one line, exit 130; every file is written
+atomically.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from sae.io import copy_file, write_text
+from sae.cli import OneLineParser, UsageError
+from sae.io import UnsafePathError, copy_file, read_bytes, read_text, write_text
 
 DATASETS = ("mnist", "fashion-mnist")
 MODELS = ("sparsemax", "kl", "l1")
 KINDS = ("decoder_atoms", "activation_frequency", "class_unit_heatmap", "sparsity_histogram")
 
 
+EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+METRICS = ("lam", "mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
+           "wall_time_s")
+
+
 def latest_png(run: Path, kind: str) -> Path | None:
-    pngs = list((run / "figures" / kind).glob("epoch_*.png"))
-    epoch = lambda p: int(re.findall(r"\d+", p.stem)[-1])  # noqa: E731
-    return max(pngs, key=epoch) if pngs else None
+    """The ``epoch_<E>.png`` of ``kind`` with the highest E (other names are not figures).
+
+    Raises UsageError when that file is not a PNG (a damaged figure is not copied).
+    """
+    folder = run / "figures" / kind
+    found = [(int(m[1]), p) for p in (folder.iterdir() if folder.is_dir() else ())
+             if (m := EPOCH_PNG.fullmatch(p.name))]
+    if not found:
+        return None
+    png = max(found)[1]
+    try:
+        ok = read_bytes(png).startswith(PNG_SIGNATURE)
+    except OSError as e:
+        raise UsageError(f"cannot read {png}: {e.strerror or e}") from None
+    if not ok:
+        raise UsageError(f"{png} is not a PNG file (damaged); delete it to draw it again")
+    return png
+
+
+def read_metrics(run: Path) -> dict:
+    """A finished run's metrics.json; UsageError when it is damaged or lacks a metric."""
+    path = run / "metrics.json"
+    try:
+        m = json.loads(read_text(path))
+    except (OSError, ValueError, RecursionError):
+        m = None
+    if not isinstance(m, dict) or not all(
+            isinstance(m.get(k), int | float) and not isinstance(m.get(k), bool)
+            and math.isfinite(m[k]) for k in METRICS):
+        raise UsageError(f"{path} is damaged (not the metrics of a finished run); delete it to "
+                         "train the run again")
+    return m
 
 
 def ensure_run(run: Path, dataset: str, model: str, lam: float, epochs: int,
@@ -43,18 +84,60 @@ def ensure_run(run: Path, dataset: str, model: str, lam: float, epochs: int,
             cmd.append("--resume")
         print("$", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
-    return json.loads((run / "metrics.json").read_text())
+    return read_metrics(run)
+
+
+def parse_args(argv: list[str]):
+    """The gallery's own flags, checked, and the rest (checked as ``sae.run`` flags)."""
+    from sae.cli import resolve_settings
+
+    parser = OneLineParser(prog="python -m sae.gallery", description=__doc__)
+    parser.add_argument("--out", default="figures/gallery")
+    parser.add_argument("--runs", default="runs/gallery")
+    parser.add_argument("--epochs", default="10")
+    parser.add_argument("--lambda", dest="lam", default="0.01")
+    args, extra = parser.parse_known_args(argv)
+    try:
+        args.epochs, args.lam = int(args.epochs), float(args.lam)
+    except ValueError:
+        raise UsageError(f"--epochs takes an integer and --lambda a number, got "
+                         f"{args.epochs[:40]!r} and {args.lam[:40]!r}") from None
+    if args.epochs < 1 or not math.isfinite(args.lam) or args.lam < 0:
+        raise UsageError(f"--epochs must be >= 1 and --lambda a finite number >= 0, got "
+                         f"{args.epochs} and {args.lam}")
+    resolve_settings(["--model", MODELS[0], "--lambda", str(args.lam), "--epochs",
+                      str(args.epochs), "--out", str(Path(args.runs) / "x"), *extra])
+    return args, extra
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sae.gallery", description=__doc__)
-    parser.add_argument("--out", default="figures/gallery")
-    parser.add_argument("--runs", default="runs/gallery")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--lambda", dest="lam", type=float, default=0.01)
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _gallery(args, extra, argv)
+    except (UsageError, UnsafePathError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write the gallery: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to continue", file=sys.stderr)
+        return 130
+
+
+def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
     out, runs = Path(args.out), Path(args.runs)
-    out.mkdir(parents=True, exist_ok=True)
+    for dataset in DATASETS:  # damage in a finished run is found before anything is written
+        for model in MODELS:
+            run = runs / f"{dataset}-{model}"
+            if (run / "metrics.json").is_file():
+                read_metrics(run)
+                for kind in KINDS:
+                    latest_png(run, kind)
     rows = []
     for dataset in DATASETS:
         for model in MODELS:
@@ -68,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
                 png = latest_png(run, kind)
                 if png is not None:
                     copy_file(png, out / f"{dataset}-{model}-{kind}.png")
+            fvu_at_l0 = m.get("fvu_at_l0")
+            if isinstance(fvu_at_l0, bool) or not isinstance(fvu_at_l0, int | float):
+                fvu_at_l0 = float("nan")
             rows.append(f"| {dataset} | {model} | {m['lam']:g} | {m['mse']:.4f} | "
-                        f"{m['fvu']:.3f} | {m.get('fvu_at_l0', float('nan')):.3f} | "
+                        f"{m['fvu']:.3f} | {fvu_at_l0:.3f} | "
                         f"{m['l0_mean']:.1f} ± {m['l0_std']:.1f} | "
                         f"{100 * m['dead_fraction']:.1f} | {100 * m['dense_fraction']:.1f} | "
                         f"{m['wall_time_s']:.0f} |")

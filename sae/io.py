@@ -8,22 +8,127 @@ Files get mode 0o644 (``mkstemp`` creates 0o600; these files are meant to be sha
 
 JSON is written strictly: NaN and ±inf (which ``json`` would write as the non-standard ``NaN`` /
 ``Infinity``) become ``null``, so every file parses with any JSON reader.
+
+Folders the tool did not make itself (a run folder received as a tarball, a sweep folder) are
+untrusted: a planted link would make a write land outside them. :func:`open_regular` opens a
+file there without following a link and without blocking (a FIFO or a device never hangs the
+tool) and accepts only a regular file; :func:`read_text` reads one with a size bound;
+:func:`find_link` finds a link anywhere in a folder tree, so that a command can refuse the
+folder before it writes anything. The atomic writers themselves never write through a link:
+``os.replace`` replaces a link at the target path, not what it points to.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_file", "copy_file", "finite_json", "write_bytes", "write_json", "write_png",
-           "write_text"]
+__all__ = ["UnsafePathError", "atomic_file", "copy_file", "find_link", "finite_json",
+           "open_regular", "read_bytes", "read_text", "remove_stale_temporaries", "write_bytes",
+           "write_json", "write_png", "write_text"]
+
+READ_LIMIT = 64 * 2**20  # bytes: the largest metadata file (JSON, YAML, CSV) a reader takes
+
+
+class UnsafePathError(OSError):
+    """A path the tool would open is a link, a folder or a special file: refused, not followed.
+
+    An ``OSError``, so the commands' disk-error handling reports it as one line too.
+    """
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY,
+                 mode: int = 0o644) -> int:
+    """A file descriptor of the regular file ``path``, opened without following a link.
+
+    ``O_NOFOLLOW`` refuses a link as the last component (a dangling one too, even with
+    ``O_CREAT``); ``O_NONBLOCK`` keeps a FIFO from blocking the open; ``fstat`` then refuses
+    anything but a regular file (FIFO, device, socket). Raises :class:`UnsafePathError` with a
+    one-line reason for these, and the plain ``OSError`` otherwise.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP or path.is_symlink():
+            raise UnsafePathError(f"{path} is a link; refusing to follow it") from None
+        if e.errno == errno.EISDIR or path.is_dir():
+            raise UnsafePathError(f"{path} is a folder, not a file") from None
+        if e.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+            raise UnsafePathError(f"{path} is not a regular file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_bytes(path: str | os.PathLike[str], limit: int = READ_LIMIT) -> bytes:
+    """The bytes of the regular file ``path`` (no link followed), at most ``limit`` of them.
+
+    Raises:
+        UnsafePathError: a link, folder or special file, or a file over ``limit`` bytes.
+        OSError: the file cannot be read.
+    """
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafePathError(f"{path} is larger than {limit // 2**20} MiB")
+    return data
+
+
+def read_text(path: str | os.PathLike[str], limit: int = READ_LIMIT) -> str:
+    """The UTF-8 text of the regular file ``path`` (:func:`read_bytes`).
+
+    Raises:
+        UnsafePathError: a link, folder or special file, or a file over ``limit`` bytes.
+        OSError: the file cannot be read.
+        UnicodeDecodeError: the bytes are not UTF-8.
+    """
+    return read_bytes(path, limit).decode("utf-8")
+
+
+def find_link(folder: str | os.PathLike[str], skip: tuple[str, ...] = ()) -> Path | None:
+    """The first link inside ``folder``'s tree (links are not followed), or None.
+
+    ``skip`` names top-level entries not to look into (they are checked on their own).
+    """
+    folder = Path(folder)
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        if Path(root) == folder:
+            dirs[:] = [d for d in dirs if d not in skip]
+        for name in (*dirs, *files):
+            if os.path.islink(os.path.join(root, name)):
+                return Path(root) / name
+    return None
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files that a killed :func:`atomic_file` left in ``folder``'s tree.
+
+    Only regular files named as :func:`atomic_file` names them (``.<name>-<random>.tmp``); call
+    it only while no other process writes the folder (under its lock). Returns those removed.
+    """
+    removed = []
+    for root, _, files in os.walk(folder, followlinks=False):
+        for name in files:
+            path = Path(root) / name
+            if name.startswith(".") and name.endswith(".tmp") and "-" in name and \
+                    path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 @contextmanager
@@ -104,7 +209,10 @@ def write_png(path: str | os.PathLike[str], rgb) -> Path:
 
 
 def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
-    """Copy ``source``'s bytes to ``target`` atomically; returns the target path."""
-    with open(source, "rb") as src, atomic_file(target) as fh:
+    """Copy ``source``'s bytes to ``target`` atomically; returns the target path.
+
+    ``source`` must be a regular file, not a link (:func:`open_regular`).
+    """
+    with os.fdopen(open_regular(source), "rb") as src, atomic_file(target) as fh:
         shutil.copyfileobj(src, fh)
     return Path(target)

@@ -11,8 +11,11 @@ scripts and no external references, so it opens anywhere, offline, and can be ma
 alone.
 
 Parts a run does not have yet (no ``metrics.json`` after an interrupted run, no figures, no
-``metrics.csv``) are stated on the page. Only a missing folder or a folder without
-``config.yaml`` (not a run folder) is an error.
+``metrics.csv``) are stated on the page, and so are damaged ones (a ``config.yaml`` that is not a
+mapping, a ``metrics.json`` that does not parse, a figure that is not a PNG); files are read
+without following links, bounded in size. Only a missing folder or a folder without
+``config.yaml`` (not a run folder) is an error. Ctrl-C or SIGTERM is one line and exit code 130
+or 143; the page is written atomically, so no half-written ``report.html`` is left.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import sys
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from sae import pages
-from sae.cli import OneLineParser, UsageError, parse_yaml, path_arg
-from sae.io import write_text
+from sae.cli import OneLineParser, UsageError, load_yaml, path_arg
+from sae.io import read_bytes, read_text, write_text
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
            "latest_figures", "main", "relevant_settings", "render_report", "write_report"]
@@ -164,9 +169,13 @@ def flatten(mapping: Mapping, prefix: str = "") -> dict[str, object]:
 
 
 def _read_config(path: Path) -> tuple[dict[str, object], str | None]:
-    """Flattened config and a problem description (None when it read cleanly)."""
-    try:  # the settings files' loader: bounded, so a crafted file costs no time or memory
-        data = parse_yaml(path.read_text(encoding="utf-8"), "config.yaml")
+    """Flattened config and a problem description (None when it read cleanly).
+
+    Read by the settings layer's YAML reader (safe, bounded: a crafted file costs no time or
+    memory); any mapping is shown as it is.
+    """
+    try:
+        data = load_yaml(path, "config file")
     except (OSError, UnicodeDecodeError, UsageError) as exc:
         return {}, f"config.yaml could not be read: {exc}"
     if data is None:
@@ -182,9 +191,9 @@ def _read_metrics(path: Path) -> tuple[dict[str, object], str | None]:
         return {}, ("No metrics.json: the run was interrupted or is still training, "
                     "so there are no final test metrics.")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # nested too deep
-        return {}, f"metrics.json could not be read: {exc}"
+        return {}, f"metrics.json could not be read: {' '.join(str(exc).split())[:200]}"
     if not isinstance(data, Mapping):
         return {}, f"metrics.json holds a {type(data).__name__}, not an object."
     return flatten(data), None
@@ -409,7 +418,7 @@ def _figures_section(run_dir: Path, config: dict[str, object]):
     for kind, epoch, path in latest:
         heading, caption = _KIND_TEXT.get(kind, (kind.replace("_", " ").capitalize(), ""))
         try:
-            png = path.read_bytes()
+            png = read_bytes(path)
         except OSError as exc:
             parts.append(pages.fragment("<h3>{}</h3>{}", heading,
                                         pages.missing(f"{path.name}: {exc}")))
@@ -489,6 +498,31 @@ def write_report(run_dir: Path) -> Path:
 # --------------------------------------------------------------------------- CLI
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is (exit code 143 instead of 130)."""
+
+
+@contextmanager
+def interruptible():
+    """Ctrl-C raises KeyboardInterrupt and SIGTERM :class:`Terminated` inside the block (the
+    previous SIGTERM handler is restored after it)."""
+    def terminated(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted(exc: KeyboardInterrupt) -> int:
+    """One line for an interrupted command; its exit code (143 for SIGTERM, else 130)."""
+    what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+    print(f"{what}; nothing was written", file=sys.stderr)
+    return 143 if isinstance(exc, Terminated) else 130
+
+
 def _draw_figures(run_dir: Path) -> None:
     """Draw a finished run's missing figures from its checkpoint; a checkpoint or dataset that
     cannot be read leaves the report without figures, said in one line."""
@@ -512,13 +546,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         _check_run_dir(args.run)
-        if (not args.no_figures and not latest_figures(args.run)
-                and (args.run / "checkpoints" / "last.ckpt").is_file()):
-            _draw_figures(args.run)
-        path = write_report(args.run)
+        with interruptible():
+            if (not args.no_figures and not latest_figures(args.run)
+                    and (args.run / "checkpoints" / "last.ckpt").is_file()):
+                _draw_figures(args.run)
+            path = write_report(args.run)
     except (UsageError, RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # report.html is written atomically: never half of one
+        return interrupted(exc)
     print(path)
     return 0
 

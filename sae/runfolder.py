@@ -8,6 +8,13 @@
   replaces only folders that carry it, or that have exactly the shape of a run folder of an
   earlier version (a valid ``config.yaml`` and nothing but run-folder entries); never the
   working directory or one of its parents.
+- **Links and leftovers.** A run folder can come from elsewhere (a tarball, a colleague's disk):
+  :func:`claim` refuses one that holds a link anywhere inside it (the folder named by ``--out``
+  may itself be one: the user named it), before anything is opened or
+  written, and opens ``.lock`` only if it is a regular file (never following a link, never
+  blocking on a FIFO). Under the lock it removes the temporary files a killed write left
+  behind. A folder holding only ``.lock`` and the marker (a start that failed on a full disk)
+  counts as empty: a retry, ``--overwrite`` and a sweep take it.
 - **History.** Each training session (the first run, then each ``--resume``) logs to its own
   ``logs/session_<n>/metrics.csv`` and records the step it started from; no session's file is
   ever rewritten. ``metrics.csv`` in the run folder is the merged view, rebuilt at the end of
@@ -23,10 +30,11 @@ import os
 import shutil
 from pathlib import Path
 
+from sae import io as sae_io
 from sae.cli import UsageError, read_settings_file
 
-__all__ = ["MARKER", "RUN_ENTRIES", "claim", "merge_history", "new_session",
-           "overwritable", "release"]
+__all__ = ["LEFTOVERS", "MARKER", "RUN_ENTRIES", "check_links", "claim", "is_leftover",
+           "merge_history", "new_session", "overwritable", "release"]
 
 MARKER = ".sae-run-folder"
 LOCK = ".lock"
@@ -34,21 +42,41 @@ LOCK = ".lock"
 RUN_ENTRIES = {MARKER, LOCK, "config.yaml", "metrics.csv", "metrics.json", "checkpoints",
                "tensorboard", "figures", "report.html", "features.html", "hparams.yaml", "logs",
                "analysis.json", "test_l0.npy"}
+LEFTOVERS = {MARKER, LOCK}  # all that a start which failed at once may leave
 
 _held: dict[Path, int] = {}  # folder -> open lock file descriptor
 _made_parents: dict[Path, Path] = {}  # folder -> the outermost of the parents claim made for it
 
 
 def _lock(folder: Path) -> None:
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = sae_io.open_regular(folder / LOCK, os.O_RDWR | os.O_CREAT)
+    except sae_io.UnsafePathError as e:
+        raise UsageError(f"refusing run folder {folder}: {e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise UsageError(f"run folder {folder} is in use by another training process") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:  # the PID is for people; the lock is the flock, so a full disk must not stop it
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+        pass
     _held[folder.resolve()] = fd
+
+
+def check_links(folder: Path) -> None:
+    """Refuse ``folder`` if a link lies anywhere in it: the run would write through it."""
+    link = sae_io.find_link(folder)
+    if link is not None:
+        raise UsageError(f"refusing run folder {folder}: {link} is a link (a run folder holds no "
+                         "links; remove it)")
+
+
+def is_leftover(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but what a failed start leaves (``.lock``, the marker)."""
+    return folder.is_dir() and {p.name for p in folder.iterdir()} <= LEFTOVERS
 
 
 def release(folder: Path) -> None:
@@ -59,11 +87,17 @@ def release(folder: Path) -> None:
 
 
 def is_locked(folder: Path) -> bool:
-    """Whether a process holds ``folder``'s lock (a sweep asks before resuming a run)."""
+    """Whether a process holds ``folder``'s lock (a sweep asks before resuming a run).
+
+    Raises UsageError when ``.lock`` is a link, a folder or a special file.
+    """
     path = Path(folder) / LOCK
-    if not path.is_file():
+    if not os.path.lexists(path):
         return False
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = sae_io.open_regular(path)
+    except sae_io.UnsafePathError as e:
+        raise UsageError(f"refusing run folder {folder}: {e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
@@ -73,14 +107,16 @@ def is_locked(folder: Path) -> bool:
         os.close(fd)
 
 
-def overwritable(folder: Path) -> str | None:
-    """None when ``folder`` may be replaced by ``--overwrite``, else the reason it may not."""
-    here = Path.cwd().resolve()
-    target = folder.resolve()
-    if target == here or target in here.parents:
-        return "it is the working directory or one of its parents"
-    entries = {p.name for p in folder.iterdir()}
-    if MARKER in entries:
+def made_here(folder: Path, entries: set[str] | None = None) -> str | None:
+    """None when ``folder`` is a run folder of this tool, else the reason it is not.
+
+    That is: it carries :data:`MARKER`, or it has exactly the shape of a run folder of an
+    earlier version (a non-empty, valid ``config.yaml`` and nothing but run-folder entries: an
+    empty one, beside a user's own ``metrics.json``, is not), or it holds only what a failed
+    start leaves.
+    """
+    entries = {p.name for p in folder.iterdir()} if entries is None else entries
+    if MARKER in entries or entries <= LEFTOVERS:
         return None
     if "config.yaml" not in entries:
         return "it is not a run folder (no config.yaml)"
@@ -88,24 +124,43 @@ def overwritable(folder: Path) -> str | None:
     if strangers:
         return f"it holds files a run folder does not ({', '.join(strangers[:3])})"
     try:
-        read_settings_file(folder / "config.yaml")
+        settings = read_settings_file(folder / "config.yaml")
     except UsageError:
         return "its config.yaml is not a run's settings"
+    if not settings:
+        return "it has no marker of this tool and its config.yaml holds no settings"
     return None
+
+
+def overwritable(folder: Path) -> str | None:
+    """None when ``folder`` may be replaced by ``--overwrite``, else the reason it may not."""
+    here = Path.cwd().resolve()
+    target = folder.resolve()
+    if target == here or target in here.parents:
+        return "it is the working directory or one of its parents"
+    return made_here(folder)
 
 
 def claim(folder: Path, mode: str) -> bool:
     """Take ``folder`` for this run; ``mode`` is new, resume or overwrite.
 
     Returns whether the folder was created now (a failed start then removes it again). Raises
-    UsageError, before anything is written, if the folder is not this run's to take.
+    UsageError, before anything is written, if the folder is not this run's to take: a link
+    anywhere in it, a ``.lock`` that is not a regular file, another process training in it,
+    and for ``resume`` a folder that this tool did not make (:func:`made_here`).
     """
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out {folder} exists and is not a folder")
+    if folder.is_dir():
+        check_links(folder)
     if mode == "resume":
+        reason = made_here(folder)
+        if reason:
+            raise UsageError(f"refusing to resume into {folder}: {reason}")
         _lock(folder)
+        sae_io.remove_stale_temporaries(folder)
         return False
-    if folder.is_dir() and any(folder.iterdir()):
+    if folder.is_dir() and not is_leftover(folder):
         if mode != "overwrite":
             raise UsageError(f"run folder {folder} already exists; pass --resume to continue "
                              "it or --overwrite to replace it")
@@ -128,14 +183,25 @@ def claim(folder: Path, mode: str) -> bool:
         if created and top != folder.absolute():
             _made_parents[folder.absolute()] = top
         _lock(folder)
-        if any(p.name not in (LOCK,) for p in folder.iterdir()):  # another run got here first
+        if not is_leftover(folder):  # another run got here first
             release(folder)
             raise UsageError(f"run folder {folder} already exists; pass --resume to continue "
                              "it or --overwrite to replace it")
-        (folder / MARKER).write_text("made by python -m sae.run\n")
+        sae_io.write_text(folder / MARKER, "made by python -m sae.run\n")
     except OSError as e:
+        _undo_claim(folder, created)
         raise UsageError(f"cannot create run folder {folder}: {e.strerror or e}") from None
     return created
+
+
+def _undo_claim(folder: Path, created: bool) -> None:
+    """A start that failed at once (a full disk) leaves no ``.lock`` or marker behind."""
+    release(folder)
+    if is_leftover(folder):
+        for name in LEFTOVERS:
+            (folder / name).unlink(missing_ok=True)
+        if created:
+            folder.rmdir()
 
 
 def remove_unfinished(folder: Path, created: bool) -> None:
@@ -155,7 +221,8 @@ def remove_unfinished(folder: Path, created: bool) -> None:
             parent = parent.parent
     else:
         for entry in folder.iterdir():
-            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink()
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() and \
+                not entry.is_symlink() else entry.unlink()
 
 
 # ---------------------------------------------------------------- history
@@ -170,6 +237,26 @@ def _sessions(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _start_step(session: Path, rows: list[dict]) -> int:
+    """The step a session resumed from (its ``session.json``); when that file is missing or
+    damaged, the first step the session logged (its rows start at or after its start)."""
+    try:
+        start = json.loads(sae_io.read_text(session / "session.json")).get("start_step")
+        if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
+            return start
+    except (OSError, ValueError, AttributeError):
+        pass
+    steps = [s for s in (_step(row) for row in rows) if s is not None]
+    return min(steps) if steps else 0
+
+
+def _step(row: dict) -> int | None:
+    try:
+        return int(float(row.get("step") or 0))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def new_session(folder: Path, start_step: int) -> str:
     """Open the next session's log folder; returns its name (``session_<n>``).
 
@@ -180,27 +267,31 @@ def new_session(folder: Path, start_step: int) -> str:
     if not sessions and (folder / "metrics.csv").is_file():
         first = folder / "logs" / "session_0"
         first.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(folder / "metrics.csv", first / "metrics.csv")
-        (first / "session.json").write_text(json.dumps({"start_step": 0}))
+        sae_io.copy_file(folder / "metrics.csv", first / "metrics.csv")
+        sae_io.write_json(first / "session.json", {"start_step": 0})
         sessions = [(0, first)]
     n = sessions[-1][0] + 1 if sessions else 0
     path = folder / "logs" / f"session_{n}"
     path.mkdir(parents=True, exist_ok=True)
-    (path / "session.json").write_text(json.dumps({"start_step": int(start_step)}))
+    sae_io.write_json(path / "session.json", {"start_step": int(start_step)})
     return path.name
 
 
 def merge_history(folder: Path) -> Path | None:
-    """Write ``metrics.csv``: every session's rows that no later session logged again."""
-    from sae.io import write_text
+    """Write ``metrics.csv``: every session's rows that no later session logged again.
 
+    A damaged ``session.json`` or ``metrics.csv`` of one session costs that session's rows
+    their exact cut (see :func:`_start_step`) or the rows themselves, never the merge.
+    """
     parts = []
     for _, d in _sessions(folder):
-        meta, rows = d / "session.json", d / "metrics.csv"
-        start = json.loads(meta.read_text()).get("start_step", 0) if meta.is_file() else 0
-        if rows.is_file():
-            with open(rows, newline="") as f:
-                parts.append((start, list(csv.DictReader(f))))
+        if not (d / "metrics.csv").is_file():
+            continue
+        try:
+            rows = list(csv.DictReader(sae_io.read_text(d / "metrics.csv").splitlines()))
+        except (OSError, ValueError, csv.Error):
+            rows = []
+        parts.append((_start_step(d, rows), rows))
     if not parts:
         return None
     merged: list[dict] = []
@@ -208,13 +299,14 @@ def merge_history(folder: Path) -> Path | None:
     for i, (_, rows) in enumerate(parts):
         until = parts[i + 1][0] if i + 1 < len(parts) else None
         for row in rows:
-            if until is None or int(float(row.get("step") or 0)) < until:
+            step = _step(row)
+            if until is None or (step is not None and step < until):
                 merged.append(row)
             for key in row:
-                if key not in columns:
+                if key is not None and key not in columns:
                     columns.append(key)
     text = _csv_text(columns, merged)
-    write_text(folder / "metrics.csv", text)
+    sae_io.write_text(folder / "metrics.csv", text)
     return folder / "metrics.csv"
 
 
@@ -222,7 +314,8 @@ def _csv_text(columns: list[str], rows: list[dict]) -> str:
     import io
 
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n",
+                            extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()

@@ -42,6 +42,49 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
+LOGGER_CLOSE_S = 5.0  # the longest a run waits for TensorBoard's writer when it ends
+
+
+def bounded_tensorboard_logger(out: Path):
+    """The run's TensorBoard logger (``<out>/tensorboard``), whose closing never blocks the
+    run's exit for long (:func:`_bounded_logger_class`)."""
+    cls = __getattr__("BoundedTensorBoardLogger")
+    return cls(out, name="tensorboard", version="", default_hp_metric=False)
+
+
+def _bounded_logger_class():
+    """Lightning's TensorBoard logger, closed in a daemon thread waited for at most
+    :data:`LOGGER_CLOSE_S` seconds.
+
+    TensorBoard's event writer closes by joining its writer thread without a timeout; after the
+    process is signalled mid-write that join can wait forever, and a run that never exits keeps
+    its run folder locked. Events not yet written when the wait ends are lost; the run's
+    checkpoint and metrics are not. Made on first use (module ``__getattr__``), so that importing
+    this module does not import Lightning, while the class still pickles by name (DDP spawn).
+    """
+    import threading
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    class BoundedTensorBoardLogger(TensorBoardLogger):
+        def finalize(self, status: str) -> None:
+            closing = threading.Thread(target=super().finalize, args=(status,), daemon=True)
+            closing.start()
+            closing.join(LOGGER_CLOSE_S)
+
+    BoundedTensorBoardLogger.__module__ = __name__
+    BoundedTensorBoardLogger.__qualname__ = "BoundedTensorBoardLogger"
+    return BoundedTensorBoardLogger
+
+
+def __getattr__(name: str):
+    if name == "BoundedTensorBoardLogger":
+        if name not in globals():
+            globals()[name] = _bounded_logger_class()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def checkpoint_to_resume(args: argparse.Namespace) -> Path:
     if args.resume in (None, "last"):
         return Path(args.out) / "checkpoints" / "last.ckpt"
@@ -91,7 +134,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     import lightning.pytorch as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, Timer
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from lightning.pytorch.loggers import CSVLogger
 
     from sae import runfolder
     from sae.callbacks import EpochSeed
@@ -106,7 +149,9 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     quiet_lightning()
     L.seed_everything(args.seed, workers=True, verbose=False)
 
-    # resume: the checkpoint is read and checked before anything in the folder changes
+    # resume: the checkpoint is read and checked in full (its archive, checksum, schema, and the
+    # optimiser, loop and callback states Lightning will restore) before anything in the folder
+    # changes: a checkpoint that fails any check costs no session folder and no log file
     ckpt, start_step, legacy_seconds = None, 0, 0.0
     if args.resume is not None:
         ckpt = checkpoint_to_resume(args)
@@ -163,7 +208,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=args.figure_every,
                                         class_names=dm.class_names))
     loggers = [CSVLogger(out, name="logs", version=session),
-               TensorBoardLogger(out, name="tensorboard", version="", default_hp_metric=False)]
+               bounded_tensorboard_logger(out)]
     steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
     # the checkpoint read and checked above is the one Lightning restores: not read twice
     trainer = build_trainer(args, out, steps_per_epoch, callbacks, loggers,

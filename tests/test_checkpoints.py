@@ -25,10 +25,12 @@ def poisoned_checkpoint(path, marker):
 
 
 def a_checkpoint():
-    return {"state_dict": {"W_dec": torch.randn(784, 16), "b_dec": torch.zeros(784)},
-            "hyper_parameters": {"config": {"model": "l1", "hidden": 16, "input_dim": 784,
-                                            "arch": "linear", "groups": 1, "mlp_width": 512},
-                                 "data_var": 52.0},
+    """The model part of a checkpoint as sae.run writes it (a small l1 SAE)."""
+    from sae.config import SAEConfig
+    from sae.models import build_model
+
+    model = build_model(SAEConfig(model="l1", hidden=16), data_var=52.0)
+    return {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
             "global_step": 7, "epoch": 1}
 
 
@@ -69,7 +71,7 @@ def test_damaged_checkpoints_are_refused(tmp_path):
 
 def test_non_finite_weights_are_refused(tmp_path):
     state = a_checkpoint()
-    state["state_dict"]["b_dec"][3] = float("nan")
+    state["state_dict"]["b_dec"][3] = float("nan")  # a view of the parameter's storage
     write_checkpoint(state, tmp_path / "nan.ckpt")
     with pytest.raises(CheckpointError, match="non-finite"):
         read_checkpoint(tmp_path / "nan.ckpt")

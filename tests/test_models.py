@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from sae import metrics
+from sae.checkpoints import write_checkpoint
 from sae.models import (
     L1SAE,
     MODEL_CLASSES,
@@ -289,8 +290,8 @@ def test_load_checkpoint_rebuilds_the_model_from_the_saved_format(name, tmp_path
     with torch.no_grad():
         model.b_enc.normal_()
     # the layout sae.run writes; "train_seconds" is what earlier versions kept there
-    torch.save({"hyper_parameters": dict(model.hparams), "state_dict": model.state_dict(),
-                "train_seconds": 12.5}, tmp_path / "last.ckpt")
+    write_checkpoint({"hyper_parameters": dict(model.hparams), "state_dict": model.state_dict(),
+                      "train_seconds": 12.5}, tmp_path / "last.ckpt")
     loaded = load_checkpoint(tmp_path / "last.ckpt")
     assert type(loaded) is type(model) and not loaded.training
     x = torch.rand(7, 20)

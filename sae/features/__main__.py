@@ -31,13 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunFolderError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from sae.data import DataSourceError
+    from sae.report import interrupted, interruptible
 
     try:
-        path = build_features(args.run, args.data_dir, args.max_inputs, args.out)
-    except (RunFolderError, DataSourceError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        with interruptible():
+            from sae.data import DataSourceError
+
+            try:
+                path = build_features(args.run, args.data_dir, args.max_inputs, args.out)
+            except (RunFolderError, DataSourceError, OSError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+    except KeyboardInterrupt as exc:  # the page is written atomically: never half of one
+        return interrupted(exc)
     print(path)
     return 0
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from sae.features.page import render_features_page
 from sae.features.stats import feature_stats
 from sae.io import write_text
@@ -16,10 +14,12 @@ __all__ = ["build_features", "checked_run"]
 
 
 def checked_run(run_dir: Path) -> tuple[dict, Path]:
-    """The run's settings (``config.yaml``) and checkpoint path, checked without heavy imports.
+    """The run's settings (``config.yaml``, checked by the settings layer as for a resume:
+    a mapping of known settings with valid values) and checkpoint path, without heavy imports.
 
     Raises:
-        RunFolderError: missing folder, no readable ``config.yaml``, or no ``last.ckpt``.
+        RunFolderError: missing folder, no readable or invalid ``config.yaml``, or no
+            ``last.ckpt``.
     """
     if not run_dir.exists():
         raise RunFolderError(f"run folder not found: {run_dir}")
@@ -28,12 +28,17 @@ def checked_run(run_dir: Path) -> tuple[dict, Path]:
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
+    from sae.io import find_link
+
+    link = find_link(run_dir)
+    if link is not None:  # the page and the embedding figure would be written through it
+        raise RunFolderError(f"refusing run folder {run_dir}: {link} is a link")
+    from sae.cli import UsageError, read_settings_file
+
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RunFolderError(f"cannot read {path}: {exc}") from None
-    if not isinstance(config, dict):
-        raise RunFolderError(f"{path} does not hold a mapping of settings")
+        config = {"dataset": "mnist", **read_settings_file(path)}
+    except UsageError as exc:
+        raise RunFolderError(str(exc)) from None
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
         raise RunFolderError(f"no checkpoint: {ckpt} does not exist (has the run trained?)")
@@ -79,16 +84,19 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     try:
         state = read_checkpoint(ckpt)
         model, epoch = model_from_checkpoint(state), int(state.get("epoch", 0))
-    except (CheckpointError, OSError, RuntimeError, KeyError) as exc:
+    except (CheckpointError, OSError, RuntimeError, KeyError, ValueError) as exc:
         raise RunFolderError(f"cannot load {ckpt}: {exc}") from None
     x = to_float(images)
     _, codes = encode_dataset(model, x)
     class_names = CLASS_NAMES.get(dataset, [str(c) for c in range(int(labels.max()) + 1)])
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= len(class_names)):
+        raise RunFolderError(f"the {dataset} test labels hold values outside 0-"
+                             f"{len(class_names) - 1}; the data files are damaged")
     stats = feature_stats(codes.numpy(), labels, x.numpy(), model.atoms().cpu().numpy(),
                           model.fire_threshold, n_classes=len(class_names))
     figure = save_png(embedding_figure(codes.numpy(), labels, class_names),
                       run_dir / "figures" / "code_embedding" / f"epoch_{epoch}.png")
-    name = str(config.get("name") or run_dir.resolve().name)
+    name = run_dir.resolve().name
     subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
                 f"checkpoint {ckpt.relative_to(run_dir)}")
     page = render_features_page(stats, images, name, class_names, subtitle,

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from sae.cli import defaults, read_settings_file
 from sae.convergence import last_epoch_change, read_validation
-from sae.io import atomic_file, write_json
+from sae.io import atomic_file, read_text, write_json
 from sae.sweep.spec import Run
 
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
-           "pearson", "raw_by_dataset", "raw_probes"]
+           "pearson", "raw_by_dataset", "raw_probes", "read_json", "run_metrics"]
 
 ANALYSIS_VERSION = 3  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
 #                      3: the sparsemax-loss probe beside the softmax one
@@ -57,6 +57,22 @@ class DataCache:
         return self.items[key]
 
 
+def read_json(path: Path, kind: type = dict):
+    """The JSON value in ``path`` if it is a ``kind`` (regular file, no link followed, bounded
+    size); None when it is missing, damaged or of another shape: a derived file that is
+    None is recomputed."""
+    try:
+        value = json.loads(read_text(path))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, kind) else None
+
+
+def run_metrics(folder: Path) -> dict | None:
+    """A finished run's ``metrics.json``; None when it is damaged (not a JSON object)."""
+    return read_json(folder / "metrics.json")
+
+
 def pearson(a, b) -> float | None:
     """Pearson correlation of two 1-d arrays; None when either is constant (undefined)."""
     import numpy as np
@@ -80,13 +96,23 @@ def analysis_is_current(folder: Path) -> bool:
     path = folder / "analysis.json"
     if not path.is_file() or not (folder / "test_l0.npy").is_file():
         return False
-    try:
-        version = json.loads(path.read_text()).get("version")
-        _load_l0(folder)  # a damaged cache is recomputed, not trusted
-    except (OSError, ValueError, AttributeError, EOFError):
+    cached = read_json(path)  # a damaged cache is recomputed, not trusted
+    if cached is None or not _analysis_shape(cached):
         return False
-    return version == ANALYSIS_VERSION and \
-        path.stat().st_mtime >= (folder / "metrics.json").stat().st_mtime
+    try:
+        _load_l0(folder)
+        return cached.get("version") == ANALYSIS_VERSION and \
+            path.stat().st_mtime >= (folder / "metrics.json").stat().st_mtime
+    except (OSError, ValueError, EOFError):
+        return False
+
+
+def _analysis_shape(a: dict) -> bool:
+    """Whether a cached analysis has the fields the tables read, of the right kinds."""
+    names, means = a.get("class_names"), a.get("class_l0_mean")
+    return isinstance(names, list) and isinstance(means, list) and len(names) == len(means) \
+        and all(isinstance(n, str) for n in names) \
+        and all(m is None or isinstance(m, int | float) for m in means)
 
 
 def _dynamic(folder: Path, model, dm, test_codes) -> dict:
@@ -108,7 +134,7 @@ def _dynamic(folder: Path, model, dm, test_codes) -> dict:
 def analyse_run(folder: Path, data: DataCache) -> dict:
     """Probe, per-class L0 and L0–ink correlation of a finished run (cached in analysis.json)."""
     if analysis_is_current(folder):
-        return json.loads((folder / "analysis.json").read_text())
+        return read_json(folder / "analysis.json")
     import numpy as np
     import torch
 
@@ -160,8 +186,9 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
     from sae import metrics
 
     path = sweep_dir / "raw_probe.json"
-    cached = json.loads(path.read_text()) if path.is_file() else []
-    have = {tuple(r.get(k) for k in SPLIT_KEYS): r for r in cached}
+    cached = read_json(path, list) or []  # missing or damaged: recomputed
+    have = {tuple(r.get(k) for k in SPLIT_KEYS): r for r in cached if isinstance(r, dict)
+            and all(isinstance(r.get(k), str | int | type(None)) for k in SPLIT_KEYS)}
     for run in runs:
         key = tuple(run.settings.get(k) for k in SPLIT_KEYS)
         if key in have and "sparsemax_test_accuracy" in have[key]:
@@ -218,8 +245,12 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
     records, l0_parts, class_rows = [], [], []
     for run in done:
         folder = sweep_dir / run.rel
-        metrics = json.loads((folder / "metrics.json").read_text())
-        a = analyses.get(folder, {})
+        metrics = run_metrics(folder)
+        if metrics is None:  # damaged: reported by the runner, left out of the tables
+            continue
+        a = analyses.get(folder) or {}
+        if not _analysis_shape(a):
+            a = {}
         key = {"dataset": run.dataset, "model": run.model, "kind": run.kind,
                "param": run.param, "value": run.value}
         records.append({**metrics, **key, "seed": run.seed, "run": str(run.rel),

@@ -88,8 +88,19 @@ def lock(sweep_dir: Path):
     """An exclusive lock on the sweep folder: two runners must not train the same runs.
 
     Returns the open lock file; the lock lasts until it is closed (use it in a ``with``).
+    ``.lock`` is opened without following a link, without blocking and without truncating, and
+    only if it is a regular file: a planted link, FIFO, folder or device is refused (UsageError)
+    and nothing it points to is touched.
     """
-    handle = open(sweep_dir / ".lock", "w")  # noqa: SIM115 (held for the process lifetime)
+    from sae.io import UnsafePathError, open_regular
+
+    try:
+        fd = open_regular(sweep_dir / ".lock", os.O_RDWR | os.O_CREAT)
+    except UnsafePathError as e:
+        raise UsageError(f"refusing sweep folder {sweep_dir}: {e}") from None
+    except OSError as e:
+        raise UsageError(f"cannot lock sweep folder {sweep_dir}: {e.strerror or e}") from None
+    handle = os.fdopen(fd, "r+b")
     try:
         import fcntl
 
