@@ -26,8 +26,9 @@ from pathlib import Path
 
 from sae import runfolder
 from sae.cli import UsageError
+from sae.io import open_regular
 from sae.run import PARENT_ENV
-from sae.sweep.analysis import DataCache, analyse_run
+from sae.sweep.analysis import DataCache, analyse_run, run_metrics
 from sae.sweep.spec import Run
 
 __all__ = ["Progress", "RunPool", "Worker", "check_folders", "in_process", "job_env", "lock",
@@ -49,7 +50,8 @@ def run_state(folder: Path) -> str:
         return "resume"
     if (folder / "config.yaml").is_file():
         return "restart"
-    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())) \
+            or runfolder.is_leftover(folder):  # what a failed start left: taken as new
         return "new"
     return "foreign"  # something else lives there: never touched
 
@@ -111,6 +113,13 @@ def lock(sweep_dir: Path):
         handle.close()
         raise UsageError(f"another sweep is running in {sweep_dir}") from None
     return handle
+
+
+def open_log(path: Path):
+    """A run's log, opened for appending without following a link (sae.io.open_regular)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- machine share
@@ -251,6 +260,8 @@ class RunPool:
             if self.use_workers and in_process(run, self.gpus_per_slot):
                 return self._in_worker(slot, command, log, analyse)
             return self._subprocess(slot, run, command, log)
+        except OSError:  # its log cannot be written (a link planted there, a full disk)
+            return 1, 0.0
         finally:
             with self.lock:
                 self.slots.append(slot)
@@ -265,7 +276,7 @@ class RunPool:
         seconds = time.perf_counter() - start
         if answer is None:  # the worker died: say so in the run's log
             code = worker.proc.returncode
-            with open(log, "a", encoding="utf-8") as fh:
+            with open_log(log) as fh:
                 fh.write(f"error: the training process ended unexpectedly (exit {code})\n")
             return (code if code else 1), seconds
         return answer["code"], seconds
@@ -275,7 +286,7 @@ class RunPool:
         gpu = self._gpu(slot) if uses_gpu(run) else None
         log.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        with open(log, "a", encoding="utf-8") as fh:
+        with open_log(log) as fh:
             with self.lock:  # checked and registered together: stop() misses no process
                 if self.stopping:
                     return None, 0.0
@@ -380,9 +391,8 @@ class Progress:
 
 
 def _metrics_note(folder: Path, analysis: dict | None) -> str:
-    try:
-        m = json.loads((folder / "metrics.json").read_text())
-    except (OSError, ValueError):
+    m = run_metrics(folder)
+    if m is None:
         return ""
     note = f"fvu {m.get('fvu', float('nan')):.4g} · L0 {m.get('l0_mean', float('nan')):.3g}"
     if analysis and analysis.get("probe_accuracy") is not None:

@@ -53,14 +53,11 @@ def _folder_of(argv: list[str]) -> Path | None:
 def run_job(job: dict, data) -> dict:
     """Train (and analyse) one run in this process; returns the answer to send back."""
     from sae import run, runfolder
+    from sae.sweep.launch import open_log
 
     argv, log = list(job["argv"]), Path(job["log"])
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        _redirect(fd)
-    finally:
-        os.close(fd)
+    with open_log(log) as fh:
+        _redirect(fh.fileno())
     print(f"\n$ python -m sae.run {' '.join(argv)}", flush=True)
     start = time.perf_counter()
     try:
