@@ -48,10 +48,12 @@ Bad rows are left out of the computation, so the other rows and their gradients 
    by bisection where :math:`f` is not convex (:math:`\alpha > 2`), stop at rounding level and the
    output is renormalised.
 
-**Compiled CPU kernels.** On CPU, sparsemax of float32/float64 rows of up to
-``sae.kernels.MAX_WIDTH`` entries runs in compiled loops instead (:mod:`sae.kernels`, numba):
-the same exact threshold (Michelot's fixed point on the entries above max − 1), without the
-per-op overhead that dominates the tensor-op path on such rows. ``SAE_NO_KERNELS=1`` switches
+**Compiled CPU kernels.** On CPU, sparsemax and 1.5-entmax of float32/float64 rows of up to
+``sae.kernels.MAX_WIDTH`` entries run in compiled loops instead (:mod:`sae.kernels`, numba):
+the same exact thresholds (Michelot's fixed point on the entries above max − 1; the closed form
+on the support from the bound max − 2), without the per-op overhead that dominates the
+tensor-op path on such rows. alpha-entmax with a tensor alpha stays on the tensor-op path: its
+power function, vectorised there, is what its time goes to. ``SAE_NO_KERNELS=1`` switches
 them off; the tests run every map on both paths.
 
 **Fused GPU kernels.** On CUDA, sparsemax and 1.5-entmax of float32/bfloat16/float16 rows of up
@@ -220,11 +222,14 @@ def _entmax15_exact(c: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Threshold of the rows of c for a per-row alpha, from a lower bound t.
 
-    For alpha <= 2, f(t) = sum(p) - 1 is convex and plain Newton steps rise monotonically to
-    the root. For alpha > 2 it is not, so those rows keep a bracket and bisect whenever a
-    Newton step leaves it or the bracket has not halved in two steps. Stops when every step is
-    at rounding level. Returns the threshold, the (unnormalised) map at the last iterate, which
-    is within rounding of it, and a lower bound of the threshold.
+    For alpha <= 2 the steps are Newton's on F(t) = (sum p)^(alpha-1) - 1, the
+    (1/(alpha-1))-norm of (alpha-1)(c - t)_+ minus 1: a norm of convex functions of t, so
+    convex, and the steps rise monotonically to the root; and nearly linear (exactly so on a
+    fixed support of equal entries), so they take fewer steps than Newton's on sum(p) - 1. For
+    alpha > 2 neither is convex, so those rows take Newton steps on f(t) = sum(p) - 1 within a
+    bracket and bisect whenever a step leaves it or the bracket has not halved in two steps.
+    Stops when every step is at rounding level. Returns the threshold, the (unnormalised) map
+    at the last iterate, which is within rounding of it, and a lower bound of the threshold.
     """
     n = c.shape[-1]
     am1 = alpha - 1
@@ -239,9 +244,10 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     for _ in range(200):
         torch.sub(c, t, out=w).relu_().mul_(am1)
         p = w.pow(e)
-        f = p.sum(-1, keepdim=True) - 1
+        total = p.sum(-1, keepdim=True)
+        f = total - 1
         fp = torch.div(p, w.clamp_min_(tiny), out=w).sum(-1, keepdim=True)  # -f' = sum p/w
-        t_new = t + f / fp
+        t_new = t + _norm_step(total, fp, am1, guarded if guard else None)
         done = (t_new - t).abs() <= 8 * eps * t.abs()
         if guard:
             lo = torch.where(f >= 0, t, lo)
@@ -257,16 +263,25 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     return t, p, (torch.where(guarded, lo, t) if guard else t)
 
 
+def _norm_step(total: Tensor, fp: Tensor, am1: Tensor, guarded: Tensor | None) -> Tensor:
+    """Newton's step on F(t) = (sum p)^(alpha-1) - 1 from sum p (`total`) and -d(sum p)/dt
+    (`fp`); on f(t) = sum p - 1 for the `guarded` rows (alpha > 2; None: no such row)."""
+    norm = total.pow(am1)
+    step = (norm - 1) * total / (am1 * norm * fp)
+    return step if guarded is None else torch.where(guarded, (total - 1) / fp, step)
+
+
 def _alpha_bound(z: Tensor, alpha: Tensor, steps: int = 3) -> Tensor:
-    """A lower bound of the alpha-entmax threshold of the rows of z: a few Newton steps from
-    -width, without synchronising. Each step stays below the root where f is convex (alpha <= 2);
-    rows with alpha > 2 keep -width."""
+    """A lower bound of the alpha-entmax threshold of the rows of z: a few Newton steps on F
+    (`_newton_alpha`) from -width, without synchronising. Each step stays below the root where
+    F is convex (alpha <= 2); rows with alpha > 2 keep -width."""
     am1 = alpha - 1
     t = torch.full_like(z[:, :1], -1.0) / am1
     for _ in range(steps):
         w = (z - t).relu_().mul_(am1)
         p = w.pow(1 / am1)
-        t = t + (p.sum(-1, keepdim=True) - 1) / p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True)
+        total = p.sum(-1, keepdim=True)
+        t = t + _norm_step(total, p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True), am1, None)
     return torch.where(alpha > 2, -1.0 / am1, t)
 
 
@@ -481,13 +496,18 @@ class _EntmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, alpha: float | Tensor) -> Tensor:
-        ctx.kernel = not isinstance(alpha, Tensor) and alpha == 2.0 and kernels.available(x)
-        if ctx.kernel:  # compiled CPU rows (sae.kernels): same result, a fraction of the time
-            out = kernels.sparsemax_forward(x.contiguous())
+        # compiled CPU rows (sae.kernels): same result, a fraction of the time
+        tensor_alpha = isinstance(alpha, Tensor)
+        ctx.kernel = None
+        if not tensor_alpha and kernels.available(x):
+            ctx.kernel = "sparsemax" if alpha == 2.0 else "entmax15"
+        if ctx.kernel:
+            x = x.contiguous()
+            out = (kernels.sparsemax_forward(x) if ctx.kernel == "sparsemax"
+                   else kernels.entmax15_forward(x))
             ctx.save_for_backward(out)
             return out
         out, (p, flat, good, alpha) = _rows_forward(x, alpha)  # alpha of the good rows
-        tensor_alpha = isinstance(alpha, Tensor)
         ctx.save_for_backward(p, flat, good, alpha if tensor_alpha else None)
         ctx.alpha = None if tensor_alpha else alpha
         return out
@@ -496,7 +516,9 @@ class _EntmaxFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         if ctx.kernel:
             (y,) = ctx.saved_tensors
-            return kernels.sparsemax_backward(y, g), None
+            if ctx.kernel == "sparsemax":
+                return kernels.sparsemax_backward(y, g), None
+            return kernels.entmax15_backward(y, g), None
         y, flat, good, alpha_t = ctx.saved_tensors
         alpha = ctx.alpha if alpha_t is None else alpha_t
         gx, ga = _rows_backward(g, alpha, y, flat, good, ctx.needs_input_grad[1])
