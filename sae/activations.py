@@ -399,29 +399,32 @@ def _select_blocks(bz: Tensor, lo: Tensor) -> Tensor | None:
 
 
 # --------------------------------------------------------------------------- autograd
-def _grad_x(y: Tensor, g: Tensor, alpha: float | Tensor) -> Tensor:
+def _support_weights(y: Tensor, alpha: Tensor) -> Tensor:
+    """s = y^(2-alpha) on the support, 0 elsewhere (a tensor alpha)."""
+    return torch.where(y > 0, y.pow(2 - alpha), 0.0)
+
+
+def _grad_x(y: Tensor, g: Tensor, alpha: float | Tensor, s: Tensor | None = None) -> Tensor:
     r"""Vector-Jacobian product on rows: with s = y^(2-alpha) on the support and 0 elsewhere,
     dx = s * g - s * <s, g> / sum(s); for sparsemax s is the support indicator, so
-    dx = g - mean_S(g) on S and 0 elsewhere."""
+    dx = g - mean_S(g) on S and 0 elsewhere. s may be given (a tensor alpha)."""
     if not isinstance(alpha, Tensor) and triton_kernels.available(y):  # CUDA rows: fused
         return triton_kernels.backward(y, g, alpha)
-    if isinstance(alpha, Tensor):
-        s = torch.where(y > 0, y.pow(2 - alpha), 0.0)
-    elif alpha == 2.0:
-        s = y.sign()
-    else:
-        s = y.sqrt()
+    if s is None and isinstance(alpha, Tensor):
+        s = _support_weights(y, alpha)
+    elif s is None:
+        s = y.sign() if alpha == 2.0 else y.sqrt()
     sg = s * g
     q = sg.sum(-1, keepdim=True).div_(s.sum(-1, keepdim=True))
     return sg.addcmul_(s, q, value=-1)
 
 
-def _grad_alpha(y: Tensor, g: Tensor, alpha: Tensor) -> Tensor:
+def _grad_alpha(y: Tensor, g: Tensor, alpha: Tensor, s: Tensor | None = None) -> Tensor:
     r"""d<g, y>/d alpha per row (Correia, Niculae & Martins, 2019):
     with s = y^(2-alpha), s~ = s / sum(s), h_j = y_j log y_j and H = sum(h),
-    sum_j g_j [(y_j - s~_j)/(alpha-1)^2 - (h_j - s~_j H)/(alpha-1)]."""
+    sum_j g_j [(y_j - s~_j)/(alpha-1)^2 - (h_j - s~_j H)/(alpha-1)]. s may be given."""
     pos = y > 0
-    s = torch.where(pos, y.pow(2 - alpha), 0.0)
+    s = _support_weights(y, alpha) if s is None else s
     s = s / s.sum(-1, keepdim=True)
     h = torch.where(pos, y * torch.log(torch.where(pos, y, 1.0)), 0.0)
     ent = h.sum(-1, keepdim=True)
@@ -480,8 +483,9 @@ def _rows_backward(g: Tensor, alpha: float | Tensor, y: Tensor, flat, good, need
         g = g.index_select(0, good)
     if flat is not None:  # only the gathered candidate blocks can carry gradient
         g = g.reshape(-1, y.numel() // flat.numel()).index_select(0, flat).view(y.shape[0], -1)
-    gx = _grad_x(y, g, alpha)
-    ga = _grad_alpha(y, g, alpha) if need_alpha else None
+    s = _support_weights(y, alpha) if isinstance(alpha, Tensor) else None  # shared by both
+    gx = _grad_x(y, g, alpha, s)
+    ga = _grad_alpha(y, g, alpha, s) if need_alpha else None
     if flat is not None:
         gx = _scatter_blocks(gx, flat, y.shape[0], n)
     if good is not None:  # bad rows: NaN gradients, as softmax gives them
