@@ -5,13 +5,12 @@
 For --rows rows (256) of float32 standard-normal scores (times --scale) and d in {16, 256, 512,
 1024, 4096, 16384} (or --width), prints the median time of y = f(x); y.backward(g) for each map,
 and its ratio to torch.softmax; "sparsemax" and "entmax15" are what ``sae.activations`` runs (on
-CPU, both run in the compiled kernels of ``sae.kernels`` for rows up to 4096 wide; on CUDA in the
-Triton kernels of ``sae.triton_kernels``), "(ops)" their tensor-op path (CUDA without triton,
-torch.compile, wider rows); "entmax_alpha(t)" (a tensor alpha) always takes the tensor-op path.
-The maps run in turn within every repetition and the ratio is the median over repetitions of the
-ratio within one repetition, so that a busy machine, which slows the maps alike, moves the
-absolute times more than the ratios. CPU always (with torch.set_num_threads(--threads)); CUDA too
-when present.
+CPU, sparsemax of rows up to 4096 wide runs in the compiled kernels of ``sae.kernels``; on CUDA
+both run in the Triton kernels of ``sae.triton_kernels``), "(ops)" their tensor-op path (CUDA
+without triton, torch.compile, wider rows). The maps run in turn within every repetition and the
+ratio is the median over repetitions of the ratio within one repetition, so that a busy machine,
+which slows the maps alike, moves the absolute times more than the ratios. CPU always (with
+torch.set_num_threads(--threads)); CUDA too when present.
 """
 
 from __future__ import annotations

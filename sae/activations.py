@@ -48,12 +48,10 @@ Bad rows are left out of the computation, so the other rows and their gradients 
    by bisection where :math:`f` is not convex (:math:`\alpha > 2`), stop at rounding level and the
    output is renormalised.
 
-**Compiled CPU kernels.** On CPU, sparsemax and 1.5-entmax of float32/float64 rows of up to
-``sae.kernels.MAX_WIDTH`` entries run in compiled loops instead (:mod:`sae.kernels`, numba):
-the same exact thresholds (Michelot's fixed point on the entries above max − 1; the closed form
-on the support from the bound max − 2), without the per-op overhead that dominates the
-tensor-op path on such rows. alpha-entmax with a tensor alpha stays on the tensor-op path: its
-power function, vectorised there, is what its time goes to. ``SAE_NO_KERNELS=1`` switches
+**Compiled CPU kernels.** On CPU, sparsemax of float32/float64 rows of up to
+``sae.kernels.MAX_WIDTH`` entries runs in compiled loops instead (:mod:`sae.kernels`, numba):
+the same exact threshold (Michelot's fixed point on the entries above max − 1), without the
+per-op overhead that dominates the tensor-op path on such rows. ``SAE_NO_KERNELS=1`` switches
 them off; the tests run every map on both paths.
 
 **Fused GPU kernels.** On CUDA, sparsemax and 1.5-entmax of float32/bfloat16/float16 rows of up
@@ -500,18 +498,13 @@ class _EntmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, alpha: float | Tensor) -> Tensor:
-        # compiled CPU rows (sae.kernels): same result, a fraction of the time
-        tensor_alpha = isinstance(alpha, Tensor)
-        ctx.kernel = None
-        if not tensor_alpha and kernels.available(x):
-            ctx.kernel = "sparsemax" if alpha == 2.0 else "entmax15"
-        if ctx.kernel:
-            x = x.contiguous()
-            out = (kernels.sparsemax_forward(x) if ctx.kernel == "sparsemax"
-                   else kernels.entmax15_forward(x))
+        ctx.kernel = not isinstance(alpha, Tensor) and alpha == 2.0 and kernels.available(x)
+        if ctx.kernel:  # compiled CPU rows (sae.kernels): same result, a fraction of the time
+            out = kernels.sparsemax_forward(x.contiguous())
             ctx.save_for_backward(out)
             return out
         out, (p, flat, good, alpha) = _rows_forward(x, alpha)  # alpha of the good rows
+        tensor_alpha = isinstance(alpha, Tensor)
         ctx.save_for_backward(p, flat, good, alpha if tensor_alpha else None)
         ctx.alpha = None if tensor_alpha else alpha
         return out
@@ -520,9 +513,7 @@ class _EntmaxFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         if ctx.kernel:
             (y,) = ctx.saved_tensors
-            if ctx.kernel == "sparsemax":
-                return kernels.sparsemax_backward(y, g), None
-            return kernels.entmax15_backward(y, g), None
+            return kernels.sparsemax_backward(y, g), None
         y, flat, good, alpha_t = ctx.saved_tensors
         alpha = ctx.alpha if alpha_t is None else alpha_t
         gx, ga = _rows_backward(g, alpha, y, flat, good, ctx.needs_input_grad[1])

@@ -1,5 +1,5 @@
-r"""Compiled CPU kernels (numba): sparsemax and 1.5-entmax on rows, used by
-:mod:`sae.activations`, and top-k selection, used by :mod:`sae.thresholds`.
+r"""Compiled CPU kernels (numba): sparsemax on rows, used by :mod:`sae.activations`, and top-k
+selection, used by :mod:`sae.thresholds`.
 
 On a CPU, the tensor-op algorithm of ``sae.activations`` costs a few dozen small passes per
 call, each paying PyTorch's per-op overhead; for rows of up to a few thousand entries that
@@ -16,15 +16,12 @@ row in compiled loops, with each row in cache:
   the later passes read; sums are in float64.
 - **sparsemax backward**: :math:`g - \operatorname{mean}_S(g)` on the support :math:`S`, 0
   elsewhere.
-- **1.5-entmax** (``entmax15_forward``, ``entmax15_backward``): the entries above max − 2
-  gathered, the exact threshold by the closed form on the support (as in ``sae.activations``),
-  and :math:`s \odot g - s \langle s, g\rangle / \sum s`, :math:`s = \sqrt{y}`, backward.
 - **top-k** (``topk_relu``): ReLU of the k largest entries of each row, by selection rather
   than sorting (see the function).
 
-Non-finite rows of the maps follow ``torch.softmax`` as the tensor-op path does: a NaN or
+Non-finite rows of sparsemax follow ``torch.softmax`` as the tensor-op path does: a NaN or
 ``+inf`` entry, or no finite entry, gives a NaN row (and a NaN gradient row); ``-inf`` entries
-get 0. The sparsemax kernels find those rows themselves (from the bits of the row max, or of the
+get 0. The kernels find those rows themselves (from the bits of the row max, or of the
 output's first entry) and report how many they skipped, so that the usual all-finite call costs
 one torch op (the max) besides the kernel: at the SAE's size (256 x 512) each small torch op
 around the kernel costs a noticeable share of the call.
@@ -33,7 +30,9 @@ The kernels run on one thread: splitting rows across threads of our own was slow
 PyTorch's OpenMP workers keep spinning on the other cores for a while after each torch op. They
 are compiled on first use and cached on disk. Without numba, :func:`available` and
 :func:`compiled` are false and the callers use their tensor-op paths, which are also the paths
-on CUDA, under ``torch.compile`` and for alpha-entmax with a tensor alpha.
+on CUDA, under ``torch.compile`` and for 1.5-/alpha-entmax: those spend their time in
+vectorised arithmetic (the power function, many entries per row on the support), which
+scalar compiled loops did not beat.
 """
 
 from __future__ import annotations
@@ -209,76 +208,7 @@ def _compile():
             smallest[i] = low if low < math.inf else 0.0
         return 0
 
-    @numba.njit(**exact)
-    def entmax15_forward(x, eps, buf, out):  # pragma: no cover - compiled
-        rows, n = x.shape
-        for i in range(rows):
-            m = -math.inf
-            ok = True
-            for j in range(n):
-                v = x[i, j]
-                if v != v or v == math.inf:
-                    ok = False
-                m = max(m, v)
-            if not ok or m == -math.inf:
-                out[i, :] = math.nan
-                continue
-            # the row shifted to max 0, in the input's precision as on the tensor-op path; the
-            # threshold t lies in [-2, 0), so only the entries above -2 can reach the support
-            nc = 0
-            for j in range(n):
-                c = np.float64(x[i, j] - m)
-                if c > -2.0:
-                    buf[nc] = c
-                    nc += 1
-            # From t = -2: the closed form on the support S = {c > t}, the smaller root of
-            # sum_S (c - t')^2 = 4, is accepted when it lies above t and below every entry of S
-            # (the KKT conditions then hold: exact); otherwise Newton's step on the convex
-            # F(t) = sqrt(sum_S (c - t)^2) / 2 - 1, which stays below the root.
-            t = -2.0
-            for _ in range(100):
-                k = 0.0
-                s1 = 0.0
-                s2 = 0.0
-                lowest = math.inf
-                for j in range(nc):
-                    d = buf[j] - t
-                    if d > 0.0:
-                        k += 1.0
-                        s1 += d
-                        s2 += d * d
-                        lowest = min(lowest, d)
-                step = (s1 - math.sqrt(max(s1 * s1 - k * (s2 - 4.0), 0.0))) / k
-                tol = 4.0 * eps * (1.0 - t)
-                if step >= -tol and lowest >= step - tol:
-                    t += step
-                    break
-                t += (s2 - 2.0 * math.sqrt(s2)) / s1
-            for j in range(n):
-                d = np.float64(x[i, j] - m) - t
-                out[i, j] = 0.25 * d * d if d > 0.0 else 0.0
-
-    @numba.njit(**exact)
-    def entmax15_backward(y, g, gx):  # pragma: no cover - compiled
-        rows, n = y.shape
-        for i in range(rows):
-            if y[i, 0] != y[i, 0]:  # a NaN output row (bad input row): NaN gradients
-                gx[i, :] = math.nan
-                continue
-            # s = sqrt(y) on the support: dx = s g - s <s, g> / sum(s)
-            ss = 0.0
-            sg = 0.0
-            for j in range(n):
-                s = math.sqrt(np.float64(y[i, j]))
-                ss += s
-                sg += s * g[i, j]
-            q = sg / ss
-            for j in range(n):
-                s = math.sqrt(np.float64(y[i, j]))
-                gx[i, j] = s * (g[i, j] - q)
-
-    return {"forward": forward, "backward": backward, "topk_relu": topk_relu,
-            "entmax15_forward": entmax15_forward, "entmax15_backward": entmax15_backward}
+    return {"forward": forward, "backward": backward, "topk_relu": topk_relu}
 
 
 def _kernels():
@@ -347,24 +277,3 @@ def topk_relu(x: Tensor, k: int) -> tuple[Tensor, Tensor] | None:
     if _kernels()["topk_relu"](x.numpy(), k, buf, out.numpy(), smallest.numpy()):
         return None
     return out, smallest
-
-
-def entmax15_forward(x: Tensor) -> Tensor:
-    """1.5-entmax of the rows of a CPU float [rows, n] tensor, in compiled loops with float64
-    sums: per row the max, the entries above max - 2 gathered into a buffer, and from the bound
-    -2 the exact threshold (closed form on the support, as on the tensor-op path). Rows with a
-    NaN or +inf, or no finite entry, give NaN rows."""
-    x = x.detach().contiguous()
-    out = torch.empty_like(x)
-    buf = np.empty(x.shape[1], dtype=np.float64)
-    _kernels()["entmax15_forward"](x.numpy(), float(np.finfo(np.float64).eps), buf, out.numpy())
-    return out
-
-
-def entmax15_backward(y: Tensor, g: Tensor) -> Tensor:
-    """Input gradient of 1.5-entmax rows from the output y and the output gradient g
-    (s ⊙ g − s ⟨s, g⟩ / Σ s with s = sqrt(y)); NaN rows of y give NaN rows."""
-    y = y.detach()
-    gx = torch.empty_like(y)
-    _kernels()["entmax15_backward"](y.numpy(), g.detach().contiguous().numpy(), gx.numpy())
-    return gx

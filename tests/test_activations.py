@@ -467,46 +467,36 @@ def test_kernels_are_used_on_cpu_rows(sparsemax_path):
     assert not kernels.available(torch.randn(4, 300, dtype=torch.float16))
 
 
-KERNEL_MAPS = {  # the maps with CPU kernels: (function, kernel forward, kernel backward)
-    "sparsemax": (sparsemax, kernels.sparsemax_forward, kernels.sparsemax_backward),
-    "entmax15": (entmax15, kernels.entmax15_forward, kernels.entmax15_backward),
-}
-
-
-@pytest.mark.parametrize("name", list(KERNEL_MAPS))
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 50.0, 1e12])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_kernels_equal_the_tensor_op_path(monkeypatch, name, scale, dtype):
-    fn = KERNEL_MAPS[name][0]
+def test_kernels_equal_the_tensor_op_path(monkeypatch, scale, dtype):
     torch.manual_seed(0)
     x = (torch.randn(64, 700, dtype=dtype) * scale).requires_grad_()
     x.data[3, 5] = math.inf
     x.data[7, :] = -math.inf
     x.data[9, ::2] = -math.inf
-    x.data[11, 8] = math.nan
     g = torch.randn(64, 700, dtype=dtype)
-    y_k = fn(x)
+    y_k = sparsemax(x)
     (gx_k,) = torch.autograd.grad(y_k, x, g)
     monkeypatch.setattr(kernels, "_ENABLED", False)
-    y_t = fn(x)
+    y_t = sparsemax(x)
     (gx_t,) = torch.autograd.grad(y_t, x, g)
     assert torch.equal(y_k > 0, y_t > 0)  # the same supports
-    assert torch.equal(y_k.isnan(), y_t.isnan()) and y_k[[3, 7, 11]].isnan().all()
+    assert torch.equal(y_k.isnan(), y_t.isnan()) and y_k[3].isnan().all()
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(y_k, y_t, atol=tol, rtol=0, equal_nan=True)
     torch.testing.assert_close(gx_k, gx_t, atol=tol * 10, rtol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("name", list(KERNEL_MAPS))
-def test_kernels_give_the_same_rows_in_any_batch(name):
-    _, forward, backward = KERNEL_MAPS[name]
+def test_kernels_give_the_same_rows_in_any_batch():
     torch.manual_seed(0)
     x = torch.randn(301, 512)
-    whole = forward(x)
-    assert torch.equal(whole[7:8], forward(x[7:8].clone()))
+    whole = kernels.sparsemax_forward(x)
+    assert torch.equal(whole[7:8], kernels.sparsemax_forward(x[7:8].clone()))
     torch.testing.assert_close(whole.sum(-1), torch.ones(301))
     g = torch.randn_like(x)
-    assert torch.equal(backward(whole, g)[7:8], backward(whole[7:8].clone(), g[7:8].clone()))
+    assert torch.equal(kernels.sparsemax_backward(whole, g)[7:8],
+                       kernels.sparsemax_backward(whole[7:8].clone(), g[7:8].clone()))
 
 
 @settings(max_examples=60, deadline=None)
