@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning.pytorch as L
 import torch
 
+from sae.config import TrainConfig
 from sae.data import ImageDataModule
 from sae.guards import NonFiniteLossGuard
 from sae.models import MODELS, SAEConfig, build_model, training_callbacks
@@ -196,7 +197,7 @@ def main() -> None:
     args = parser.parse_args()
     quiet_lightning()
     torch.set_num_threads(args.threads)
-    dm = ImageDataModule("mnist", args.data_dir, batch_size=256)
+    dm = ImageDataModule("mnist", args.data_dir, batch_size=TrainConfig().batch_size)  # sae.run's
     dm.setup()
     if args.mode == "steps":
         steps_main(args, dm)
