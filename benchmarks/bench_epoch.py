@@ -1,13 +1,23 @@
 """Epoch time of the sae.run training loop against a bare PyTorch loop, and model against model.
 
     python benchmarks/bench_epoch.py [--epochs 3] [--run-epochs 10] [--hidden 512] [--threads 2]
+    python benchmarks/bench_epoch.py --mode steps [--widths 512 4096] [--thread-counts 1 2]
 
-Prints median seconds per epoch (MNIST, 55 000 training images, batch 256, no validation) and:
+Epoch mode prints median seconds per epoch (MNIST, 55 000 training images, batch 256, no
+validation) and:
   - Lightning / bare loop for the same Sparsemax-SAE (target <= 1.15);
   - Sparsemax-SAE / ReLU (L1) SAE under Lightning at the same width (target <= 1.15);
   - a whole run of --run-epochs epochs (sae.run's default: 10) with validation, with / without
     the figure callback at its default cadence, which renders once, at the end (target <= 1.10).
 The variants are interleaved epoch by epoch-block so that load from other processes hits all alike.
+
+Step mode times every model's training step side by side: per repeat, thread count and width,
+each model trains --warmup + --steps real steps on MNIST under Lightning (the guards, gradient
+clipping and logging cadence of ``sae.run``), and the mean time of the last --steps steps (batch
+start to batch end: forward, backward, clipping, optimiser step, decoder renormalisation, guards)
+is its ms/step. It prints the median over repeats of ms/step and of the ratio to the L1 SAE's
+within the same repeat (target <= 1.5 for every model). --dead-window is short by default so
+that the dead-unit machinery (AuxK, the tracker) runs as it does in a long run with dead units.
 """
 
 from __future__ import annotations
@@ -21,8 +31,10 @@ from pathlib import Path
 import lightning.pytorch as L
 import torch
 
+from sae.config import TrainConfig
 from sae.data import ImageDataModule
-from sae.models import SAEConfig, build_model, training_callbacks
+from sae.guards import NonFiniteLossGuard
+from sae.models import MODELS, SAEConfig, build_model, training_callbacks
 from sae.training import quiet_lightning
 
 
@@ -37,10 +49,27 @@ class EpochTimer(L.Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def make_model(dm: ImageDataModule, name: str, hidden: int):
+class StepTimer(L.Callback):
+    """Seconds of each training step, from batch start to batch end (add it last, so that the
+    other callbacks' batch-end work is inside), by ``clock``: wall time, or this process's CPU
+    time, which time-sharing with other processes does not inflate (with one torch thread it
+    is the step's own work)."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.times: list[float] = []
+        self.clock = clock
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._start = self.clock()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.times.append(self.clock() - self._start)
+
+
+def make_model(dm: ImageDataModule, name: str, hidden: int, **settings):
     torch.manual_seed(0)
     data_var = float((dm.train_x - dm.train_mean).pow(2).sum(-1).mean())
-    return build_model(SAEConfig(model=name, hidden=hidden), dm.train_mean, data_var)
+    return build_model(SAEConfig(model=name, hidden=hidden, **settings), dm.train_mean, data_var)
 
 
 def lightning_epochs(dm, name: str, hidden: int, epochs: int, callbacks=()) -> list[float]:
@@ -80,6 +109,54 @@ def bare_epochs(dm, name: str, hidden: int, epochs: int) -> list[float]:
     return times
 
 
+def step_seconds(dm, name: str, hidden: int, steps: int, warmup: int, dead_window: int,
+                 clock=time.perf_counter) -> float:
+    """Mean seconds of a training step of ``name`` over ``steps`` steps after ``warmup``.
+
+    The guards of a run are on except the non-finite-loss stop: with the default settings the KL
+    SAE at 4 096 units starts above its divergence bound (some 2 000 sigmoid units at 0.5) and
+    would stop at once; the stop costs one flag read per step.
+    """
+    model = make_model(dm, name, hidden, dead_window=dead_window)
+    guards = [c for c in training_callbacks(model.config) if not isinstance(c, NonFiniteLossGuard)]
+    timer = StepTimer(clock)
+    trainer = L.Trainer(max_steps=warmup + steps, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0,
+                        num_sanity_val_steps=0, gradient_clip_val=1.0, log_every_n_steps=50,
+                        callbacks=[*guards, timer])
+    trainer.fit(model, datamodule=dm)
+    return statistics.fmean(timer.times[warmup:])
+
+
+def steps_main(args, dm) -> None:
+    """Every model's ms/step and its ratio to the L1 SAE's, per thread count and width."""
+    models = ["l1", *[m for m in args.models if m != "l1"]]
+    configs = [(t, w) for t in args.thread_counts for w in args.widths]
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    ms: dict = {(m, c): [] for m in models for c in configs}
+    ratio: dict = {(m, c): [] for m in models for c in configs}
+    for rep in range(args.repeats):
+        for threads, width in configs:
+            torch.set_num_threads(threads)
+            got = {m: step_seconds(dm, m, width, args.steps, args.warmup, args.dead_window, clock)
+                   for m in models}
+            for m in models:
+                ms[m, (threads, width)].append(1e3 * got[m])
+                ratio[m, (threads, width)].append(got[m] / got["l1"])
+            print(f"repeat {rep + 1} threads={threads} hidden={width}: "
+                  + ", ".join(f"{m} {1e3 * got[m]:.1f}" for m in models), flush=True)
+    print(f"\nbatch {dm.batch_size}, {args.steps} steps after {args.warmup}, {args.clock} time, "
+          f"median of {args.repeats} repeats: ms/step (ratio to l1; target <= 1.5)")
+    print(f"{'model':<11}" + "".join(f"{f'{t} thr, H={w}':>22}" for t, w in configs))
+    for m in models:
+        cells = [f"{statistics.median(ms[m, c]):9.1f} ({statistics.median(ratio[m, c]):4.2f}x)"
+                 for c in configs]
+        print(f"{m:<11}" + "".join(f"{c:>22}" for c in cells))
+    worst = max(statistics.median(ratio[m, c]) for m in models for c in configs)
+    print(f"largest ratio to l1: {worst:.2f} ({'met' if worst <= 1.5 else 'not met'})")
+
+
 def whole_run_seconds(dm, hidden: int, epochs: int, figures: bool) -> float:
     from sae.callbacks import FigureCallback
 
@@ -104,11 +181,27 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--mode", choices=("epochs", "steps"), default="epochs")
+    steps = parser.add_argument_group("step mode")
+    steps.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    steps.add_argument("--widths", type=int, nargs="+", default=[512, 4096])
+    steps.add_argument("--thread-counts", type=int, nargs="+", default=[1, 2])
+    steps.add_argument("--steps", type=int, default=20, help="timed steps per model and width")
+    steps.add_argument("--warmup", type=int, default=20, help="untimed steps before them")
+    steps.add_argument("--repeats", type=int, default=3)
+    steps.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                       help="wall time, or the process's CPU time (robust to a busy machine "
+                       "with one thread; counts every thread's time with more)")
+    steps.add_argument("--dead-window", type=int, default=2560,
+                       help="samples without firing after which a unit counts as dead")
     args = parser.parse_args()
     quiet_lightning()
     torch.set_num_threads(args.threads)
-    dm = ImageDataModule("mnist", args.data_dir, batch_size=256)
+    dm = ImageDataModule("mnist", args.data_dir, batch_size=TrainConfig().batch_size)  # sae.run's
     dm.setup()
+    if args.mode == "steps":
+        steps_main(args, dm)
+        return
     times: dict[str, list[float]] = {"bare sparsemax": [], "lightning sparsemax": [],
                                      "lightning l1 (relu)": []}
     runs: dict[str, list[float]] = {"with figures": [], "without figures": []}

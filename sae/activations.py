@@ -220,11 +220,14 @@ def _entmax15_exact(c: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Threshold of the rows of c for a per-row alpha, from a lower bound t.
 
-    For alpha <= 2, f(t) = sum(p) - 1 is convex and plain Newton steps rise monotonically to
-    the root. For alpha > 2 it is not, so those rows keep a bracket and bisect whenever a
-    Newton step leaves it or the bracket has not halved in two steps. Stops when every step is
-    at rounding level. Returns the threshold, the (unnormalised) map at the last iterate, which
-    is within rounding of it, and a lower bound of the threshold.
+    For alpha <= 2 the steps are Newton's on F(t) = (sum p)^(alpha-1) - 1, the
+    (1/(alpha-1))-norm of (alpha-1)(c - t)_+ minus 1: a norm of convex functions of t, so
+    convex, and the steps rise monotonically to the root; and nearly linear (exactly so on a
+    fixed support of equal entries), so they take fewer steps than Newton's on sum(p) - 1. For
+    alpha > 2 neither is convex, so those rows take Newton steps on f(t) = sum(p) - 1 within a
+    bracket and bisect whenever a step leaves it or the bracket has not halved in two steps.
+    Stops when every step is at rounding level. Returns the threshold, the (unnormalised) map
+    at the last iterate, which is within rounding of it, and a lower bound of the threshold.
     """
     n = c.shape[-1]
     am1 = alpha - 1
@@ -239,9 +242,10 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     for _ in range(200):
         torch.sub(c, t, out=w).relu_().mul_(am1)
         p = w.pow(e)
-        f = p.sum(-1, keepdim=True) - 1
+        total = p.sum(-1, keepdim=True)
+        f = total - 1
         fp = torch.div(p, w.clamp_min_(tiny), out=w).sum(-1, keepdim=True)  # -f' = sum p/w
-        t_new = t + f / fp
+        t_new = t + _norm_step(total, fp, am1, guarded if guard else None)
         done = (t_new - t).abs() <= 8 * eps * t.abs()
         if guard:
             lo = torch.where(f >= 0, t, lo)
@@ -257,16 +261,25 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     return t, p, (torch.where(guarded, lo, t) if guard else t)
 
 
+def _norm_step(total: Tensor, fp: Tensor, am1: Tensor, guarded: Tensor | None) -> Tensor:
+    """Newton's step on F(t) = (sum p)^(alpha-1) - 1 from sum p (`total`) and -d(sum p)/dt
+    (`fp`); on f(t) = sum p - 1 for the `guarded` rows (alpha > 2; None: no such row)."""
+    norm = total.pow(am1)
+    step = (norm - 1) * total / (am1 * norm * fp)
+    return step if guarded is None else torch.where(guarded, (total - 1) / fp, step)
+
+
 def _alpha_bound(z: Tensor, alpha: Tensor, steps: int = 3) -> Tensor:
-    """A lower bound of the alpha-entmax threshold of the rows of z: a few Newton steps from
-    -width, without synchronising. Each step stays below the root where f is convex (alpha <= 2);
-    rows with alpha > 2 keep -width."""
+    """A lower bound of the alpha-entmax threshold of the rows of z: a few Newton steps on F
+    (`_newton_alpha`) from -width, without synchronising. Each step stays below the root where
+    F is convex (alpha <= 2); rows with alpha > 2 keep -width."""
     am1 = alpha - 1
     t = torch.full_like(z[:, :1], -1.0) / am1
     for _ in range(steps):
         w = (z - t).relu_().mul_(am1)
         p = w.pow(1 / am1)
-        t = t + (p.sum(-1, keepdim=True) - 1) / p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True)
+        total = p.sum(-1, keepdim=True)
+        t = t + _norm_step(total, p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True), am1, None)
     return torch.where(alpha > 2, -1.0 / am1, t)
 
 
@@ -384,29 +397,32 @@ def _select_blocks(bz: Tensor, lo: Tensor) -> Tensor | None:
 
 
 # --------------------------------------------------------------------------- autograd
-def _grad_x(y: Tensor, g: Tensor, alpha: float | Tensor) -> Tensor:
+def _support_weights(y: Tensor, alpha: Tensor) -> Tensor:
+    """s = y^(2-alpha) on the support, 0 elsewhere (a tensor alpha)."""
+    return torch.where(y > 0, y.pow(2 - alpha), 0.0)
+
+
+def _grad_x(y: Tensor, g: Tensor, alpha: float | Tensor, s: Tensor | None = None) -> Tensor:
     r"""Vector-Jacobian product on rows: with s = y^(2-alpha) on the support and 0 elsewhere,
     dx = s * g - s * <s, g> / sum(s); for sparsemax s is the support indicator, so
-    dx = g - mean_S(g) on S and 0 elsewhere."""
+    dx = g - mean_S(g) on S and 0 elsewhere. s may be given (a tensor alpha)."""
     if not isinstance(alpha, Tensor) and triton_kernels.available(y):  # CUDA rows: fused
         return triton_kernels.backward(y, g, alpha)
-    if isinstance(alpha, Tensor):
-        s = torch.where(y > 0, y.pow(2 - alpha), 0.0)
-    elif alpha == 2.0:
-        s = y.sign()
-    else:
-        s = y.sqrt()
+    if s is None and isinstance(alpha, Tensor):
+        s = _support_weights(y, alpha)
+    elif s is None:
+        s = y.sign() if alpha == 2.0 else y.sqrt()
     sg = s * g
     q = sg.sum(-1, keepdim=True).div_(s.sum(-1, keepdim=True))
     return sg.addcmul_(s, q, value=-1)
 
 
-def _grad_alpha(y: Tensor, g: Tensor, alpha: Tensor) -> Tensor:
+def _grad_alpha(y: Tensor, g: Tensor, alpha: Tensor, s: Tensor | None = None) -> Tensor:
     r"""d<g, y>/d alpha per row (Correia, Niculae & Martins, 2019):
     with s = y^(2-alpha), s~ = s / sum(s), h_j = y_j log y_j and H = sum(h),
-    sum_j g_j [(y_j - s~_j)/(alpha-1)^2 - (h_j - s~_j H)/(alpha-1)]."""
+    sum_j g_j [(y_j - s~_j)/(alpha-1)^2 - (h_j - s~_j H)/(alpha-1)]. s may be given."""
     pos = y > 0
-    s = torch.where(pos, y.pow(2 - alpha), 0.0)
+    s = _support_weights(y, alpha) if s is None else s
     s = s / s.sum(-1, keepdim=True)
     h = torch.where(pos, y * torch.log(torch.where(pos, y, 1.0)), 0.0)
     ent = h.sum(-1, keepdim=True)
@@ -465,8 +481,9 @@ def _rows_backward(g: Tensor, alpha: float | Tensor, y: Tensor, flat, good, need
         g = g.index_select(0, good)
     if flat is not None:  # only the gathered candidate blocks can carry gradient
         g = g.reshape(-1, y.numel() // flat.numel()).index_select(0, flat).view(y.shape[0], -1)
-    gx = _grad_x(y, g, alpha)
-    ga = _grad_alpha(y, g, alpha) if need_alpha else None
+    s = _support_weights(y, alpha) if isinstance(alpha, Tensor) else None  # shared by both
+    gx = _grad_x(y, g, alpha, s)
+    ga = _grad_alpha(y, g, alpha, s) if need_alpha else None
     if flat is not None:
         gx = _scatter_blocks(gx, flat, y.shape[0], n)
     if good is not None:  # bad rows: NaN gradients, as softmax gives them

@@ -25,14 +25,25 @@ and :math:`\partial h_j / \partial a_j = H(a_j - \theta_j)`, :math:`\partial H /
 exactly :math:`k` while each input's L0 varies. At inference one threshold :math:`\theta`,
 estimated during training, replaces the batch: :math:`h_j = a_j \, 1[a_j > \theta]`, so an input's
 code never depends on the rest of its batch.
+
+**Top-k selection** (``topk_relu``, ``batch_topk``). On CPU the k-th largest value is found by
+selection in compiled loops (``sae.kernels.topk_relu``) instead of ``torch.topk``, and the code is
+formed in the same pass; the values, and the gradient (that of ReLU on the kept entries, 0
+elsewhere), are those of the ``torch.topk`` formulation, which runs on other devices, under
+``torch.compile``, without numba, and for rows that hold a NaN.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["batch_topk", "jumprelu", "step_l0", "threshold_code"]
+from sae import kernels
+
+__all__ = ["batch_topk", "jumprelu", "step_l0", "threshold_code", "topk_relu"]
+
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 def _window(a: Tensor, theta: Tensor, eps: float) -> Tensor:
@@ -79,19 +90,59 @@ def step_l0(a: Tensor, theta: Tensor, eps: float) -> Tensor:
     return _Step.apply(a, theta, eps)
 
 
+def _torch_topk_relu(a: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """ReLU of the k largest entries of each row of a [rows, n] (zeros elsewhere) by
+    ``torch.topk``, and each row's smallest positive kept value (0 where none)."""
+    values, index = torch.topk(a, k, dim=-1, sorted=False)
+    values = F.relu(values)
+    smallest = values.masked_fill(values <= 0, torch.inf).amin(-1)
+    return torch.zeros_like(a).scatter_(-1, index, values), smallest.masked_fill_(
+        smallest == torch.inf, 0.0)
+
+
+class _TopKReLU(torch.autograd.Function):
+    """ReLU of the k largest entries of each row of a [rows, n]: the compiled selection, or
+    ``torch.topk`` for rows with a NaN. Gradient: g where the code is not <= 0, which is ReLU's
+    gradient on the kept entries (NaN ones included) and 0 elsewhere, as through torch.topk."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        got = kernels.topk_relu(a, k)
+        h, smallest = got if got is not None else _torch_topk_relu(a, k)
+        ctx.save_for_backward(h)
+        ctx.mark_non_differentiable(smallest)
+        return h, smallest
+
+    @staticmethod
+    def backward(ctx, g: Tensor, _):
+        (h,) = ctx.saved_tensors
+        return torch.where(h <= 0, 0.0, g), None
+
+
+def _rows_topk_relu(a: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(code, smallest positive kept value per row) of the rows of a [rows, n], 1 <= k <= n."""
+    if kernels.compiled(a) and not _is_compiling() and a.numel():
+        return _TopKReLU.apply(a, k)
+    return _torch_topk_relu(a, k)
+
+
+def topk_relu(a: Tensor, k: int) -> Tensor:
+    """a [B, H] -> ReLU of each row's k largest entries, zeros elsewhere (all of ReLU(a) when
+    k >= H). Ties at the k-th value may be broken either way; exactly k entries are kept."""
+    if k >= a.shape[-1]:
+        return F.relu(a)
+    return _rows_topk_relu(a, k)[0]
+
+
 def batch_topk(a: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Keep the k·B largest entries of ReLU(a) over the batch a [B, H].
 
     Returns (h [B, H], the smallest kept positive value, a 0-d tensor; 0 when none is positive).
-    Ties at the cut are broken by position, so exactly min(k·B, B·H) entries are kept.
+    Ties at the cut are broken either way, so exactly min(k·B, B·H) entries are kept.
     """
-    flat = torch.relu(a).flatten()
-    n = min(k * a.shape[0], flat.numel())
-    values, index = torch.topk(flat, n, sorted=False)
-    h = torch.zeros_like(flat).scatter_(0, index, values).view_as(a)
-    positive = values[values > 0]
-    smallest = positive.min() if positive.numel() else values.new_zeros(())
-    return h, smallest.detach()
+    n = min(k * a.shape[0], a.numel())
+    h, smallest = _rows_topk_relu(a.reshape(1, -1), n)
+    return h.view_as(a), smallest[0].detach()
 
 
 def threshold_code(a: Tensor, theta: Tensor | float) -> Tensor:

@@ -401,3 +401,62 @@ def test_logging_is_skipped_between_logged_steps(mnist_small):
         model, datamodule=mnist_small)
     assert sorted({step for step, _ in calls}) == [2, 5]  # no self.log call on the other steps
     assert model.logs_this_step() is False  # step 6: 7 % 3 != 0
+
+
+# ---- faster forms of the loss terms equal the previous ones -------------------------------------
+
+def test_column_norms_equal_the_norm_and_its_gradient():
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    W[:, 2] = 0.0  # a zero column: gradient 0, as W.norm(dim=0) gives it
+    W.requires_grad_()
+    up = torch.randn(5, generator=g, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(LS.column_norms(W), W, up)
+    W_ref = W.detach().clone().requires_grad_()
+    (grad_ref,) = torch.autograd.grad(W_ref.norm(dim=0), W_ref, up)
+    torch.testing.assert_close(LS.column_norms(W), W.norm(dim=0), rtol=1e-15, atol=0)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-14, atol=0)
+    assert torch.autograd.gradcheck(LS.column_norms, (torch.randn(6, 4, dtype=torch.float64,
+                                                                  requires_grad=True),))
+
+
+def test_decoder_weighted_l1_equals_its_definition():
+    g = torch.Generator().manual_seed(1)
+    h = torch.rand(9, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    got = LS.decoder_weighted_l1(h, W, 0.7)
+    want = (h * W.norm(dim=0)).sum(-1).mean() / 0.7
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+    for a, b in zip(torch.autograd.grad(got, (h, W)), torch.autograd.grad(want, (h, W)),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("n_dead", [0, 3, 40])
+def test_auxk_on_the_dead_columns_equals_the_masked_form(n_dead):
+    g = torch.Generator().manual_seed(n_dead)
+    e = torch.randn(16, 10, generator=g, dtype=torch.float64)
+    a = torch.randn(16, 64, generator=g, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(10, 64, generator=g, dtype=torch.float64, requires_grad=True)
+    dead = torch.zeros(64, dtype=torch.bool)
+    dead[torch.randperm(64, generator=g)[:n_dead]] = True
+    values, grads = [], []
+    for compact in (True, False):
+        term = LS.auxk_term(e, a, dead, W, 8, 3.0, compact=compact)
+        values.append(term)
+        grads.append(torch.autograd.grad(term, (a, W)))
+    torch.testing.assert_close(values[0], values[1], rtol=1e-14, atol=0)
+    for a_grad, b_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(a_grad, b_grad, rtol=1e-13, atol=1e-15)
+    assert torch.autograd.gradcheck(
+        lambda A, V: LS.auxk_term(e, A, dead, V, 8, 3.0, compact=True), (a, W))
+
+
+def test_topk_with_no_dead_unit_adds_a_zero_auxk_term():
+    model = small_model("topk")
+    model.samples_since_fired.zero_()
+    x = torch.rand(8, 20)
+    x_hat, h, extras = model(x)
+    assert float(model.extra_loss(x, x_hat, h, extras)) == 0.0
+    model.samples_since_fired[:5] = model.config.dead_window
+    assert float(model.extra_loss(x, x_hat, h, extras)) > 0.0

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from sae import metrics
 from sae.config import SAEConfig
-from sae.models.losses import fvu_term
+from sae.models.losses import column_norms, fvu_term
 from sae.schedules import lambda_at, lr_factor, resolve_steps
 
 DIVERGED_FVU = 1e3  # a training batch's FVU above this stops training as a NaN does
@@ -161,11 +161,14 @@ class SparseAutoencoder(L.LightningModule):
         if aux is not None:
             loss = loss + aux
         with torch.no_grad():
-            active = metrics.active(h, self.fire_threshold)
-            self.samples_since_fired.add_(len(x)).masked_fill_(active.any(0), 0)
+            # a unit fired in this batch iff its largest code is above the threshold (a [H]
+            # reduction instead of a [B, H] mask; NaN codes, which stop training, differ)
+            fired = h.amax(0) > self.fire_threshold
+            self.samples_since_fired.add_(len(x)).masked_fill_(fired, 0)
             # a NaN, or a blow-up that stays finite: the batch FVU far above that of x̂ = x̄ (1)
             self.nonfinite_loss |= ~torch.isfinite(loss) | (recon > DIVERGED_FVU)
         if self.logs_this_step():
+            active = metrics.active(h.detach(), self.fire_threshold)
             self.log("train/loss", loss, prog_bar=True)
             self.log("train/recon", recon)
             self.log("train/penalty", penalty)
@@ -217,13 +220,13 @@ class SparseAutoencoder(L.LightningModule):
         if g is not None:
             # no_grad: otherwise the in-place update records a graph on .grad that chains every
             # step's to the last one (memory grew by ~3 MB a step)
-            with torch.no_grad():
-                g.sub_(self.W_dec * (g * self.W_dec).sum(0, keepdim=True))
+            with torch.no_grad():  # g − W (Wᵀg per column), in place, without [D, H] temporaries
+                g.addcmul_(self.W_dec, torch.linalg.vecdot(g, self.W_dec, dim=0), value=-1)
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         optimizer.step(closure=optimizer_closure)
         with torch.no_grad():
-            self.W_dec.div_(self.W_dec.norm(dim=0, keepdim=True).clamp_min(1e-8))
+            self.W_dec.div_(column_norms(self.W_dec).clamp_min_(1e-8))
 
     def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
         """Hook for variants, run by the dead-unit resampler after it re-initialised units.

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from sae.models.base import SparseAutoencoder
 from sae.models.losses import auxk_term
+from sae.thresholds import topk_relu
 
 
 class TopKSAE(SparseAutoencoder):
@@ -18,9 +16,7 @@ class TopKSAE(SparseAutoencoder):
     """
 
     def code(self, a, x_centred):
-        values, index = torch.topk(a, min(self.config.k, a.shape[-1]), dim=-1)
-        h = torch.zeros_like(a).scatter_(-1, index, F.relu(values))
-        return h, {}
+        return topk_relu(a, self.config.k), {}
 
     def penalty(self, h, extras):
         return h.new_zeros(())
@@ -29,6 +25,10 @@ class TopKSAE(SparseAutoencoder):
         if self.config.resolved_dead_guard() != "auxk":
             return None
         dead = self.dead_mask(reduce=False)
+        if dead.device.type == "cpu" and not bool(dead.any()):
+            # no dead unit: the term is zero with zero gradient, so skip its matrix products
+            # (on an accelerator the test would be a host synchronisation: computed as below)
+            return x.new_zeros(())
         aux = auxk_term((x - x_hat).detach(), extras["a"], dead, self.W_dec, self.config.aux_k,
                         self.data_var)
         # with no dead unit the term is a constant: zero it rather than inflate the logged loss
