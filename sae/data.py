@@ -19,7 +19,7 @@ import gzip
 import math
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -86,15 +86,13 @@ class ImageArrays:
     test_images: np.ndarray
     test_labels: np.ndarray
     source: str
-    _floats: dict = field(default_factory=dict, repr=False, compare=False)
+    stamp: tuple = ()  # the files read (path, size, mtime of each): same stamp, same arrays
 
-    def float_images(self, split: str) -> torch.Tensor:
-        """``to_float`` of the ``train`` or ``test`` images, converted once per arrays object (a
-        process that trains many runs reads a dataset's arrays once, :func:`load_arrays`).
-        Shared: callers must not change it in place."""
-        if split not in self._floats:
-            self._floats[split] = to_float(getattr(self, f"{split}_images"))
-        return self._floats[split]
+    def copy(self) -> ImageArrays:
+        """A copy whose arrays the caller may change without touching the original."""
+        return ImageArrays(self.train_images.copy(), self.train_labels.copy(),
+                           self.test_images.copy(), self.test_labels.copy(), self.source,
+                           self.stamp)
 
 
 def _idx_path(folder: Path, stem: str) -> Path | None:
@@ -144,7 +142,8 @@ _READ: dict[tuple, ImageArrays] = {}  # the folders read last, for processes tha
 
 def _read_folder_once(folder: Path) -> ImageArrays:
     """:func:`_read_folder`, remembered while the files stay the same (path, size, mtime), so a
-    process that trains run after run (a sweep worker) reads and unzips a dataset once."""
+    process that trains run after run (a sweep worker) reads and unzips a dataset once; each
+    caller gets its own copy."""
     stamp = [str(folder.resolve())]
     for stem in IDX_FILES.values():
         path = _idx_path(folder, stem)
@@ -153,13 +152,14 @@ def _read_folder_once(folder: Path) -> ImageArrays:
     key = tuple(stamp)
     if key not in _READ:
         arrays = _read_folder(folder)
+        arrays.stamp = key
         while len(_READ) >= 2:  # both datasets of a sweep, no more
             _READ.pop(next(iter(_READ)))
         _READ[key] = arrays
-    return _READ[key]
+    return _READ[key].copy()
 
 
-_PCA: dict[tuple, tuple] = {}  # split -> (the arrays it was computed from, its PCA)
+_PCA: dict[tuple, object] = {}  # a training split (files' stamp, split settings) -> its PCA
 
 
 def _has_any_idx(folder: Path) -> bool:
@@ -199,7 +199,7 @@ def load_arrays(dataset: str, data_dir: str | Path | None = None,
     if download and not os.environ.get("SAE_OFFLINE"):
         try:
             _torchvision_download(dataset, cache_dir)
-            return _read_folder(cache_dir / DATASETS[dataset] / "raw")
+            return _read_folder_once(cache_dir / DATASETS[dataset] / "raw")
         except DataSourceError:
             raise
         except Exception:  # torchvision raises assorted errors when offline
@@ -299,7 +299,7 @@ class ImageDataModule(L.LightningDataModule):
         if self._loaded:
             return
         arrays = load_arrays(self.dataset, self.data_dir, self.cache_dir, self.download)
-        images, labels = arrays.float_images("train"), torch.from_numpy(arrays.train_labels)
+        images, labels = to_float(arrays.train_images), torch.from_numpy(arrays.train_labels)
         if not 0 < self.val_size < len(images):
             raise DataSourceError(f"val_size {self.val_size} must be in (0, {len(images)})")
         perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.split_seed))
@@ -308,12 +308,12 @@ class ImageDataModule(L.LightningDataModule):
             train_idx = train_idx[: self.limit_train]
         self.train_x, self.train_y = images[train_idx], labels[train_idx]
         self.val_x, self.val_y = images[val_idx], labels[val_idx]
-        self.test_x = arrays.float_images("test")
+        self.test_x = to_float(arrays.test_images)
         self.test_y = torch.from_numpy(arrays.test_labels)
         if self.limit_test:
             keep = slice(0, self.limit_test)
             self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
-        self.source, self._arrays = arrays.source, arrays
+        self.source, self.stamp = arrays.source, arrays.stamp
         self._loaded = True
 
     def setup(self, stage: str | None = None) -> None:
@@ -326,14 +326,14 @@ class ImageDataModule(L.LightningDataModule):
         from sae.metrics import principal_components
 
         self.load()
-        key = (self.source, self.val_size, self.split_seed, self.limit_train)
-        arrays, pca = _PCA.get(key, (None, None))
-        if arrays is not self._arrays:  # the files were read again: they may have changed
-            pca = principal_components(self.train_x)
+        if not self.stamp:  # arrays of unknown origin: nothing to share
+            return principal_components(self.train_x)
+        key = (self.stamp, self.val_size, self.split_seed, self.limit_train)
+        if key not in _PCA:
             while len(_PCA) >= 2:
                 _PCA.pop(next(iter(_PCA)))
-            _PCA[key] = (self._arrays, pca)
-        return pca
+            _PCA[key] = principal_components(self.train_x)
+        return _PCA[key]
 
     @property
     def train_mean(self) -> torch.Tensor:
