@@ -204,6 +204,25 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
                           dm.class_names)
 
 
+class EpochLines(L.Callback):
+    """One line on stdout per validation, for output that is not a terminal (a log, a pipe):
+    ``epoch 3/10 · step 645 · loss 0.1523 · val FVU 0.1498 · L0 31.2 · dead 0.4 %``."""
+
+    def on_validation_end(self, trainer, pl_module) -> None:  # after the model logged
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        m = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}",
+                 f"step {trainer.global_step}"]
+        for key, text, fmt, scale in (("train/loss", "loss", ".4f", 1),
+                                      ("val/fvu", "val FVU", ".4f", 1),
+                                      ("val/l0", "L0", ".1f", 1),
+                                      ("val/dead_fraction", "dead", ".1f", 100)):
+            if key in m:
+                parts.append(f"{text} {scale * m[key]:{fmt}}" + (" %" if scale == 100 else ""))
+        print(" · ".join(parts), flush=True)
+
+
 class EpochSeed(L.Callback):
     """Seed torch's global generator from (seed, epoch) as each training epoch starts.
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import traceback
@@ -222,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         with _signals_held():
             created = _start(args, out, primary)
             claimed = True
+            if primary:  # within a second of the command: torch is not imported yet
+                print(f"run folder: {out}" + (" (resuming)" if args.resume is not None else ""),
+                      flush=True)
             _import_training()
     except UsageError as e:
         say(f"error: {e}")
@@ -281,7 +285,6 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
         say(f"error: cannot write to the run folder {out}: {e.strerror or e}")
         return EXIT_FAILED
     if result:
-        print(f"run folder: {args.out}")
         print(" ".join(f"{k}={result[k]:.4g}" for k in
                        ("mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
                         "wall_time_s") if isinstance(result.get(k), int | float)))
@@ -289,6 +292,9 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
             print(f"note: validation FVU moved {100 * result['val_fvu_change']:.1f} % and L0 "
                   f"{100 * result['val_l0_change']:.1f} % in the last epoch: not converged "
                   "(train longer for settled numbers)")
+        for name in ("report.html", "features.html"):
+            if (out / name).is_file():
+                print(f"{name.split('.')[0]}: {out / name}")
     return 0
 
 
@@ -302,7 +308,8 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
 
 def _stopped(args, out: Path, created: bool, primary: bool, say, what: str, code: int) -> int:
     if (out / "checkpoints" / "last.ckpt").is_file() or args.resume is not None:
-        say(f"{what}; continue with: python -m sae.run --out {out} --resume")
+        command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
+        say(f"{what}; continue with: {command}")
     else:
         _undo_start(out, created, primary)
         say(f"{what} before the first checkpoint; nothing was kept")

@@ -112,6 +112,10 @@ def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, cal
         from lightning.pytorch.callbacks import TQDMProgressBar
 
         callbacks = [*callbacks, TQDMProgressBar(refresh_rate=20)]
+    else:  # a log file or a pipe: one line per validation instead of a bar
+        from sae.callbacks import EpochLines
+
+        callbacks = [*callbacks, EpochLines()]
     try:
         return L.Trainer(
             max_epochs=args.epochs, max_steps=args.max_steps or -1, accelerator=args.accelerator,

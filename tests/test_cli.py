@@ -1,6 +1,7 @@
 """python -m sae.run as a user calls it: a subprocess on real (subset) MNIST data."""
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -187,7 +188,8 @@ def test_ctrl_c_stops_with_a_resume_hint_and_keeps_the_checkpoint(tmp_path, data
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
-    assert f"interrupted; continue with: python -m sae.run --out {out} --resume" in stderr
+    resume = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
+    assert f"interrupted; continue with: {resume}\n" in stderr  # the interpreter in use
     assert last.is_file() and not (out / "metrics.json").exists()
 
 

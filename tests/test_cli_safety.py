@@ -2,6 +2,7 @@
 user's work, and reports every failure as one line (subprocess calls, as a user makes them)."""
 
 import json
+import shlex
 import shutil
 import signal
 import subprocess
@@ -149,7 +150,8 @@ def test_sigterm_exits_143_with_a_resume_hint(tmp_path, data_dir):
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr[-2000:]
-    assert f"terminated; continue with: python -m sae.run --out {out} --resume" in stderr
+    resume = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
+    assert f"terminated; continue with: {resume}\n" in stderr  # the interpreter in use
     assert "Traceback" not in stderr
 
 
