@@ -1,6 +1,7 @@
 """The Sparsemax-SAE's temperature modes and values modes: their math, the straight-through
 gate's gradient, λ controlling L0 in each, units returning to the support, exact resampling."""
 
+import lightning.pytorch as L
 import pytest
 import torch
 
@@ -268,10 +269,41 @@ def test_lambda_lowers_l0_in_every_mode(mnist_small, temperature, values):
         data_var = float((mnist_small.train_x - mnist_small.train_mean).pow(2).sum(-1).mean())
         model = build_model(config, mnist_small.train_mean, data_var,
                             init_inputs=mnist_small.train_x)
-        trainer = __import__("lightning.pytorch").pytorch.Trainer(
-            accelerator="cpu", devices=1, max_steps=160, limit_val_batches=0, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=160, limit_val_batches=0,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
         trainer.fit(model, datamodule=mnist_small)
         _, codes = encode_dataset(model, mnist_small.val_x)
         l0s.append(float(metrics.l0(codes, model.fire_threshold).mean()))
     assert l0s[0] > 1.3 * l0s[1] and l0s[1] > 1.5, l0s
+
+
+# ---- what starts and learns differently --------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_unshrunk_values_start_with_the_shrunk_codes_mass(temperature):
+    inputs = torch.rand(40, 20)
+    masses = {}
+    for values in ("shrunk", "unshrunk", "unshrunk-ste"):
+        torch.manual_seed(0)
+        config = SAEConfig(input_dim=20, hidden=32, groups=2, temperature=temperature,
+                           values=values)
+        model = build_model(config, torch.rand(20), 2.0, init_inputs=inputs)
+        masses[values] = model.encode(inputs).view(40, 2, 16).sum(-1).mean(0)
+    torch.testing.assert_close(masses["unshrunk"], masses["unshrunk-ste"])
+    # the shrunk code's mass is r₀ = sqrt(v) per group
+    torch.testing.assert_close(masses["unshrunk"], torch.full((2,), 2.0**0.5), rtol=1e-4, atol=0)
+    torch.testing.assert_close(masses["shrunk"], torch.full((2,), 2.0**0.5), rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("temperature, values, scaled", [
+    ("global", "shrunk", False), ("learned", "shrunk", False), ("normalized", "shrunk", True),
+    ("global", "unshrunk-ste", True), ("learned", "unshrunk-ste", True)])
+def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, values, scaled):
+    model = model64(temperature, values=values)
+    groups = model.configure_optimizers()["optimizer"].param_groups
+    lr = {id(p): g["lr"] for g in groups for p in g["params"]}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    factor = model.TEMPERATURE_LR_SCALE if scaled else 1.0
+    assert lr[id(model.log_temperature)] == pytest.approx(model.config.lr * factor)
+    assert lr[id(model.W_enc)] == pytest.approx(model.config.lr)
