@@ -69,8 +69,15 @@ class SAEConfig:
                               choices=("learn", "anneal", "fixed"))
     values: str = setting("shrunk", "sparsemax: the values on the support: shrunk, r·p (every "
                           "value offset by the threshold); unshrunk, (r/T)·a (a ReLU whose "
-                          "support sparsemax chooses); unshrunk-ste, unshrunk values with the "
-                          "gradient of shrunk ones", choices=("shrunk", "unshrunk", "unshrunk-ste"))
+                          "support sparsemax chooses); unshrunk-ste, unshrunk values whose "
+                          "support can grow back (a straight-through pseudo-derivative of the "
+                          "support gate reaches units near the threshold)",
+                          choices=("shrunk", "unshrunk", "unshrunk-ste"))
+    temperature: str = setting("global", "sparsemax/entmax: the temperature T of the support "
+                               "map(a / T): global, one learned T per group; learned, "
+                               "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
+                               "the spread (std) of the input's scores over the group's units",
+                               choices=("global", "learned", "normalized"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
@@ -152,7 +159,9 @@ class SAEConfig:
         need(guard == "none" or self.arch == "linear",
              f"--dead-guard {guard} needs --arch linear (use none with mlp)")
         need(self.values == "shrunk" or self.model == "sparsemax",
-             "--values unshrunk applies to --model sparsemax")
+             f"--values {self.values} applies to --model sparsemax")
+        need(self.temperature == "global" or self.model in ("sparsemax", "entmax"),
+             f"--temperature {self.temperature} applies to --model sparsemax and entmax")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
 

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from sae.activations import EntmaxAlpha, entmax_alpha, softplus_inverse, sparsemax
 from sae.config import SAEConfig
 from sae.models.base import SparseAutoencoder
+from sae.models.gates import support_gate
 from sae.models.losses import effective_support
 from sae.schedules import anneal
 
@@ -19,20 +20,41 @@ from sae.schedules import anneal
 class SparsemaxSAE(SparseAutoencoder):
     """Which units fire from sparsemax, how much from a learned per-input magnitude.
 
-    For G groups of H/G units (G = ``groups``, default 1):
+    For G groups of n = H/G units (G = ``groups``, default 1):
 
-        p_g = sparsemax(a_g / T_g)                    on the simplex, exact zeros   [B, G, H/G]
+        s_g = a_g / T_g(x)                            scores                        [B, G, n]
+        p_g = sparsemax(s_g)                          on the simplex, exact zeros   [B, G, n]
         r_g = softplus(w_g · (x − b_dec) + c_g)       magnitude of group g          [B, G]
         h   = r ⊙ p
 
-    On its support sparsemax is p_j = a_j / T − τ(a), so h_j = (r/T) · ReLU(a_j − T τ(a)): a ReLU
-    whose threshold adapts to each input. The learnable temperature T_g (one per group, stored
-    as log T) sets how many units share the mass: the support of sparsemax(a / T) grows with T.
-    It starts at T₀ = 25 sqrt(v / D), some 5-10 % of the units active with the tied init; without
-    it the encoder would have to rescale all its rows to change the support size, and training
-    settled on few units per input (L0 ≈ 6 of 512 after an epoch on MNIST). The code carries
-    magnitude through r (Σ_j h_j = r, and any non-negative h can be written this way), which a
-    raw sparsemax code cannot (Σ p = 1).
+    On its support sparsemax is p_j = s_j − τ(s), so h_j = (r/T) · ReLU(a_j − T τ): a ReLU
+    whose threshold adapts to each input. The temperature sets how many units share the mass:
+    the support of sparsemax(a / T) grows with T. Without a learnable T the encoder would have to
+    rescale all its rows to change the support size, and training settled on few units per input
+    (L0 ≈ 6 of 512 after an epoch on MNIST). The code carries magnitude through r (Σ_j h_j = r,
+    and any non-negative h can be written this way), which a raw sparsemax code cannot (Σ p = 1).
+
+    **Temperature** (``temperature``), with a learned T_g = exp(log T_g) per group in every mode:
+
+    - ``global``: T_g(x) = T_g. Sparsemax is invariant to shifts of the scores but not to their
+      scale, so the support then depends on the scale of a: scores twice as large give a smaller
+      support, and inputs with more ink, whose scores are larger, get fewer units.
+    - ``learned``: T_g(x) = T_g · exp(u_g · (x − b_dec)), a learned input head u_g ∈ R^D that
+      starts at 0, so training starts exactly as ``global``; the model learns how the support's
+      size should follow the input.
+    - ``normalized``: T_g(x) = T_g · σ_g(a), σ_g(a) the standard deviation of the input's scores
+      over the group's n units (parameter-free, differentiated through). Then
+      sparsemax(a / T_g(x)) = sparsemax(z / T_g), z the input's standardised scores: the support
+      is invariant to any positive affine map of the scores (c·a + d, c > 0), so it depends on
+      the shape of their distribution, not on their scale. T_g is then a number of standard
+      deviations per unit of mass and starts at 0.03 n: for standard normal scores that puts
+      7 % of the units on the support (Σ_j (z_j − t)₊ = T with t the 93 % quantile). Rescaling
+      the encoder no longer changes the support, so T is what sizes it, and log T learns
+      ``TEMPERATURE_LR_SCALE`` times faster (``param_groups``).
+
+    ``global`` and ``learned`` start at T₀ = 25 sqrt(v / D), some 5-10 % of the units active with
+    the tied init.
+
     ‖p‖₁ ≡ 1, so an L1 penalty on p is a constant with zero gradient. The penalty is instead the
     effective number of active units, the Hill number of order 1/2, summed over groups:
 
@@ -47,12 +69,32 @@ class SparsemaxSAE(SparseAutoencoder):
     gradient, proportional to 1/sqrt(p_j), pushes small entries out of the support.
 
     **Values on the support** (``values``). ``shrunk``: h = r·p as above, every active value
-    offset by the threshold Tτ. ``unshrunk``: h_j = (r/T)·ReLU(a_j) on sparsemax's support, 0
+    offset by the threshold Tτ. ``unshrunk``: h_j = r·ReLU(s_j) on sparsemax's support, 0
     elsewhere: the support (and the penalty on p that sets its size) is the same, but the values
     are those of a plain ReLU, not pulled towards zero by the threshold. The reconstruction's
-    gradient then reaches only the units on the support, and the support's size only through the
-    penalty. ``unshrunk-ste`` keeps the unshrunk values but passes the shrunk code's gradient
-    (straight through), so the reconstruction still acts on the support through the threshold.
+    gradient then reaches only the units on the support, so a unit that leaves it never comes
+    back, and the support's size shrinks through training whatever λ. ``unshrunk-ste`` has the
+    same forward, h_j = r·ReLU(s_j)·H(u_j) with u_j = s_j − τ(s) the unit's margin (p_j on the
+    support), and gives the step H the pseudo-derivative of a rectangle kernel of bandwidth ε
+    (``sae.models.gates``, after JumpReLU's straight-through estimator):
+
+        ∂h_j/∂u_j := r·ReLU(s_j)·K(u_j/ε)/ε,   K(z) = 1[|z| < 1/2],   ε = κ / |S|
+
+    with τ differentiated as sparsemax's threshold (∂τ/∂s_k = 1/|S| on the support S). A unit
+    within ε/2 below the threshold thus receives the reconstruction's gradient scaled by the
+    value it would carry, and enters the support when that lowers the loss; a unit within ε/2
+    above it learns what leaving would cost. The penalty is then L0 itself through the same gate,
+    Σ_g Σ_j H(u_gj) / 5 (λ/5 a price per active unit, as the Hill number is for a uniform p), so
+    a unit stays while its reconstruction is worth its price, as with JumpReLU's L0 penalty.
+    (With the Hill number, whose gradient ∝ 1/sqrt(p_j) grows without bound at the threshold,
+    the push out always won there.) The support's size then moves mostly through T, whose
+    log learns ``TEMPERATURE_LR_SCALE`` times faster than the other parameters (as JumpReLU's
+    thresholds do): at the base lr, L0 grew by some 2 units per 50 steps and could not reach
+    the balance that λ sets in a short run. ε is measured in the units of p (which sums to
+    1 on the simplex), relative to the mean active share 1/|S| of the input's group, so the
+    window holds a similar fraction of the units near the threshold at every L0 (κ =
+    ``GATE_BANDWIDTH``). (Before, ``unshrunk-ste`` passed the shrunk code's gradient to the
+    unshrunk forward; that mismatch collapsed training, L0 ≈ 3 with 61-70 % dead units.)
 
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
@@ -65,6 +107,12 @@ class SparsemaxSAE(SparseAutoencoder):
     # all; at 1.0 it out-scores every unit there, and validation fvu jumped by half after each
     # resampling in our MNIST runs; 0.5 resampled as many units without that jump
     resample_encoder_scale = 0.5
+    GATE_BANDWIDTH = 1.0  # κ: the gate's window ε = κ/|S|, one mean active share wide
+    # Adam moves log T by about lr a step at most; with unshrunk-ste at the base lr, L0 at
+    # λ = 1e-4 reached 35 after 430 MNIST steps, at 10x 135 (JumpReLU's thresholds learn 10x
+    # faster too); with the normalized temperature, λ barely moved L0 in short runs at the base lr
+    TEMPERATURE_LR_SCALE = 10.0
+    NORMALIZED_T0 = 0.03  # normalized temperature: T₀ = 0.03 n (7 % of normal scores active)
 
     def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
                  init_inputs=None):
@@ -75,49 +123,125 @@ class SparsemaxSAE(SparseAutoencoder):
         nn.init.zeros_(self.scale_head.weight)
         nn.init.constant_(self.scale_head.bias, softplus_inverse(math.sqrt(data_var)))
         t0 = 25.0 * math.sqrt(data_var / config.input_dim)
+        if config.temperature == "normalized":
+            t0 = self.NORMALIZED_T0 * (config.hidden // config.groups)
         self.log_temperature = nn.Parameter(torch.full((config.groups,), math.log(t0)))
+        if config.temperature == "learned":  # log T(x) = log T + u · (x − b_dec), u from 0
+            self.temperature_head = nn.Linear(config.input_dim, config.groups, bias=False)
+            nn.init.zeros_(self.temperature_head.weight)
+        # the smallest score spread the normalized temperature divides by
+        self.min_spread = 1e-6 * math.sqrt(data_var / config.input_dim)
+        if config.values != "shrunk" and init_inputs is not None:
+            self.start_at_shrunk_mass(init_inputs, math.sqrt(data_var))
+
+    @torch.no_grad()
+    def start_at_shrunk_mass(self, inputs: Tensor, r0: float) -> None:
+        """Start unshrunk values with the shrunk code's mass, Σ_j h_j = r₀ per group on average.
+
+        Unshrunk values sum to r·Σ_S ReLU(s_j), several times the shrunk code's r·Σ p = r with
+        the data-initialised encoder (some 7x on MNIST); at the start the reconstruction then
+        overshoots (FVU ≈ 20), and the gate pushed most units out of the support before r could
+        come down (Adam moves r's bias by about lr a step).
+        """
+        a, x_centred = self.pre_activations(inputs.float())
+        s = self.scores(a, x_centred)
+        p = self.support_map(s.view_as(a)).view_as(s)
+        mass = (F.relu(s) * (p > 0)).sum(-1).mean(0)  # [G]
+        for g, m in enumerate(mass.tolist()):
+            self.scale_head.bias[g] = softplus_inverse(r0 / max(m, 1e-3))
+
+    def param_groups(self) -> list[dict]:
+        """log T learns ``TEMPERATURE_LR_SCALE`` times faster where T is what sizes the support:
+        with ``unshrunk-ste`` and with the ``normalized`` temperature (whose scores ignore the
+        encoder's scale); ``global`` and ``learned`` with shrunk values keep the base lr."""
+        if self.config.values != "unshrunk-ste" and self.config.temperature != "normalized":
+            return super().param_groups()
+        rest = [p for name, p in self.named_parameters() if name != "log_temperature"]
+        return [{"params": rest},
+                {"params": [self.log_temperature],
+                 "lr": self.config.lr * self.TEMPERATURE_LR_SCALE}]
 
     def support_map(self, a: Tensor) -> Tensor:
         """Scores [B, H] -> p [B, H], each group of H/G entries on the simplex."""
         return sparsemax(a, dim=-1, groups=self.config.groups)
 
+    def temperature(self, a: Tensor, x_centred: Tensor) -> Tensor:
+        """The temperature T_g(x) of each input and group, [B, G] (see ``temperature``)."""
+        mode = self.config.temperature
+        if mode == "learned":
+            return (self.log_temperature + self.temperature_head(x_centred)).exp()
+        T = self.log_temperature.exp().expand(len(a), -1)
+        if mode == "normalized":
+            spread = a.view(len(a), self.config.groups, -1).std(-1, correction=0)
+            return T * spread.clamp_min(self.min_spread)
+        return T
+
+    def scores(self, a: Tensor, x_centred: Tensor) -> Tensor:
+        """s = a / T(x), [B, G, H/G]."""
+        return a.view(len(a), self.config.groups, -1) / self.temperature(a, x_centred)[..., None]
+
     @torch.no_grad()
     def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
         """Admit each resampled unit into the support on its source input.
 
-        A unit outside the support gets no gradient, so a resampled unit that does not beat the
-        threshold τ on any input stays dead. Its bias is set so that, on its source input, its
-        score is T·(τ + Σ p²): above the threshold by the support's typical share E_p[p].
+        A unit outside the support gets no gradient (but near the threshold with
+        ``unshrunk-ste``), so a resampled unit that does not beat the threshold τ on any input
+        stays dead. Its bias is set so that, on its source input and under that input's
+        temperature T(x), its score is T(x)·(τ + Σ p²), τ and p those of the other units (the
+        resampled ones left out): above the threshold by the support's typical share E_p[p].
+        The global and learned temperatures do not depend on the bias, so one step is exact;
+        the normalized one includes the new scores in its spread, and the bias is its fixed
+        point, found by iterating to rounding level (each step moves one of n scores, so the
+        spread changes by O(1/n) and the iteration contracts fast).
         """
         G, n = self.config.groups, len(idx)
-        T = self.log_temperature.exp()  # [G]
-        a, _ = self.pre_activations(inputs)  # [n, H], the new rows with bias 0
-        scores = (a.view(n, G, -1) / T[:, None]).clone()
-        scores.view(n, -1)[:, idx] = float("-inf")  # τ of the others, without the new units
-        p = self.support_map(scores.view(n, -1)).view(n, G, -1)
-        tau = (scores - p).masked_fill(p <= 0, float("-inf")).amax(-1)  # [n, G]
-        share = p.pow(2).sum(-1)  # [n, G]
         rows, group = torch.arange(n, device=idx.device), idx // (self.config.hidden // G)
-        target = T[group] * (tau[rows, group] + share[rows, group])
-        self.b_enc[idx] = target - a[rows, idx]
+        a, x_centred = self.pre_activations(inputs)  # [n, H]
+        without_bias = a[:, idx] - self.b_enc[idx]  # [n inputs, n new units]
+        bias = self.b_enc[idx].clone()
+        for _ in range(1 if self.config.temperature != "normalized" else 100):
+            a[:, idx] = without_bias + bias
+            T = self.temperature(a, x_centred)  # [n, G]
+            scores = a.view(n, G, -1) / T[..., None]
+            scores.view(n, -1)[:, idx] = float("-inf")  # τ of the others, without the new units
+            p = self.support_map(scores.view(n, -1)).view(n, G, -1)
+            tau = (scores - p).masked_fill(p <= 0, float("-inf")).amax(-1)  # [n, G]
+            share = p.pow(2).sum(-1)  # [n, G]
+            target = T[rows, group] * (tau[rows, group] + share[rows, group])
+            step, bias = target - without_bias[rows, rows] - bias, target - without_bias[rows, rows]
+            tol = 16 * torch.finfo(a.dtype).eps * target.abs().max().clamp_min(self.min_spread)
+            if step.abs().max() <= tol:
+                break
+        self.b_enc[idx] = bias
+
+    def gate(self, s: Tensor, p: Tensor) -> Tensor:
+        """H(s − τ) [B, G, n] on sparsemax's support, with the straight-through pseudo-derivative
+        of ``unshrunk-ste`` (``sae.models.gates``)."""
+        on = p > 0
+        size = on.sum(-1, keepdim=True).clamp_min(1)
+        tau = ((s - p) * on).sum(-1, keepdim=True) / size  # ∂τ/∂s_k = 1/|S| on S
+        return support_gate(s - tau, on, self.GATE_BANDWIDTH / size)
 
     def code(self, a, x_centred):
-        G = self.config.groups
-        scores = (a.view(len(a), G, -1) / self.log_temperature.exp()[:, None]).view_as(a)
-        p = self.support_map(scores)
+        s = self.scores(a, x_centred)  # [B, G, n]
+        p = self.support_map(s.view_as(a)).view_as(s)
         r = F.softplus(self.scale_head(x_centred))  # [B, G]
         values = p
-        if self.config.values != "shrunk":
+        if self.config.values == "unshrunk":
             # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value
             # is offset by the threshold; the support is still sparsemax's, and the penalty on
             # p still sets its size
-            values = F.relu(scores) * (p > 0)
-            if self.config.values == "unshrunk-ste":  # forward unshrunk, backward as shrunk
-                values = p + (values - p).detach()
-        h = (values.view(len(p), G, -1) * r.unsqueeze(-1)).view_as(p)
-        return h, {"p": p}
+            values = F.relu(s) * (p > 0)
+        extras = {"p": p.view_as(a)}
+        if self.config.values == "unshrunk-ste":  # the same, with a gradient near the support
+            extras["gate"] = self.gate(s, p)
+            values = F.relu(s) * extras["gate"]
+        h = (values * r.unsqueeze(-1)).view_as(a)
+        return h, extras
 
     def penalty(self, h, extras):
+        if "gate" in extras:  # unshrunk-ste: L0 through the gate, priced at the threshold
+            return extras["gate"].sum((-2, -1)).mean() / 5.0
         return effective_support(extras["p"], self.config.groups) / 5.0
 
 

@@ -1,0 +1,309 @@
+"""The Sparsemax-SAE's temperature modes and values modes: their math, the straight-through
+gate's gradient, λ controlling L0 in each, units returning to the support, exact resampling."""
+
+import lightning.pytorch as L
+import pytest
+import torch
+
+from sae import metrics
+from sae.models import SAEConfig, build_model, encode_dataset
+from sae.models import sparsemax as sparsemax_module
+from sae.models.gates import rectangle_kernel, support_gate
+
+TEMPERATURES = ("global", "learned", "normalized")
+
+
+def model64(temperature="global", values="shrunk", name="sparsemax", hidden=32, groups=1,
+            seed=0, **kw):
+    """A small float64 model whose learned temperature head (if any) is not zero."""
+    torch.manual_seed(seed)
+    config = SAEConfig(model=name, input_dim=20, hidden=hidden, groups=groups,
+                       temperature=temperature, values=values, **kw)
+    model = build_model(config, mean_image=torch.rand(20), data_var=2.0).double()
+    if temperature == "learned":
+        with torch.no_grad():
+            model.temperature_head.weight.normal_(0, 0.3)
+    return model
+
+
+def moderate(model, x, fraction=0.25):
+    """Shift the scores up (sparsemax ignores it; ReLU values need positive scores near the
+    threshold) and set T so that about ``fraction`` of the units are on the support of x."""
+    with torch.no_grad():
+        model.b_enc += 1.0
+        base = model.log_temperature.clone()
+
+        def support(shift):
+            model.log_temperature.copy_(base + shift)
+            return (model.code(*model.pre_activations(x))[1]["p"] > 0).double().mean()
+
+        # a coarse grid, not a bisection, which would stop where a unit sits on the threshold
+        shifts = torch.arange(-8.0, 8.0, 0.25, dtype=torch.float64)
+        support(min(shifts, key=lambda t: abs(support(t) - fraction)))
+
+
+def margins(model, a, x_centred):
+    """(scores s, p, u = s − τ) [B, G, n] of the model's sparsemax on its scores."""
+    s = model.scores(a, x_centred)
+    p = model.support_map(s.reshape(len(a), -1)).view_as(s)
+    size = (p > 0).sum(-1, keepdim=True)
+    tau = ((s - p) * (p > 0)).sum(-1, keepdim=True) / size
+    return s, p, s - tau
+
+
+# ---- the temperature modes -------------------------------------------------------------------
+
+def test_learned_temperature_starts_exactly_as_the_global_one():
+    x = torch.rand(16, 20, dtype=torch.float64)
+    torch.manual_seed(0)
+    glob = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0).double()
+    torch.manual_seed(0)
+    learned = build_model(SAEConfig(input_dim=20, hidden=32, temperature="learned"),
+                          torch.rand(20), 2.0).double()
+    assert torch.equal(glob(x)[1], learned(x)[1])
+    # and the head learns: the reconstruction's gradient reaches u
+    x_hat, h, extras = learned(x)
+    (learned.recon_loss(x, x_hat) + learned.penalty(h, extras)).backward()
+    assert learned.temperature_head.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_learned_temperature_is_T_times_exp_of_the_input_head(groups):
+    model = model64("learned", groups=groups)
+    x = torch.rand(5, 20, dtype=torch.float64)
+    a, x_c = model.pre_activations(x)
+    u = model.temperature_head.weight  # [G, D]
+    expected = model.log_temperature.exp() * torch.exp(x_c @ u.t())
+    torch.testing.assert_close(model.temperature(a, x_c), expected)
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_normalized_support_ignores_the_scores_scale_and_shift(groups):
+    # the global temperature's fault: scores twice as large give a smaller support
+    x = torch.rand(8, 20, dtype=torch.float64)
+    for temperature, invariant in (("global", False), ("normalized", True)):
+        model = model64(temperature, groups=groups)
+        a, x_c = model.pre_activations(x)
+        p = model.code(a, x_c)[1]["p"]
+        p_scaled = model.code(3.0 * a + 0.7, x_c)[1]["p"]
+        if invariant:
+            torch.testing.assert_close(p_scaled, p)
+        else:
+            assert (p_scaled > 0).sum() < (p > 0).sum()
+    # each group's spread is its own: T(x) = T · std over the group's units
+    a, x_c = model.pre_activations(x)
+    spread = a.view(8, groups, -1).std(-1, correction=0)
+    torch.testing.assert_close(model.temperature(a, x_c), model.log_temperature.exp() * spread)
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("name", ["sparsemax", "entmax"])
+def test_every_temperature_works_with_groups_and_entmax(name, temperature):
+    model = model64(temperature, name=name, groups=4)
+    x = torch.rand(6, 20, dtype=torch.float64)
+    x_hat, h, extras = model(x)
+    torch.testing.assert_close(extras["p"].view(6, 4, 8).sum(-1),
+                               torch.ones(6, 4, dtype=torch.float64))
+    (model.recon_loss(x, x_hat) + model.penalty(h, extras)).backward()
+    assert model.log_temperature.grad.abs().sum() > 0
+    keys = set(model.state_dict())
+    assert ("temperature_head.weight" in keys) == (temperature == "learned")
+
+
+def test_temperature_applies_to_sparsemax_and_entmax_only():
+    with pytest.raises(ValueError, match="--temperature learned applies to --model sparsemax"):
+        SAEConfig(model="l1", temperature="learned").validate()
+    SAEConfig(model="entmax", temperature="normalized").validate()
+
+
+# ---- the straight-through gate ---------------------------------------------------------------
+
+def ramp(u, eps):
+    """The piecewise-linear step whose derivative is the gate's pseudo-derivative K(u/ε)/ε."""
+    return (u / eps + 0.5).clamp(0, 1)
+
+
+def ramp_forward(u, on, eps):
+    """The gate's backward under the ramp's forward: what gradcheck can compare numerically."""
+    gate = support_gate(u, on, eps)
+    return ramp(u, eps).detach() + gate - gate.detach()
+
+
+def test_support_gate_is_the_support_forward_and_the_kernel_backward():
+    u = torch.tensor([-0.3, -0.04, -0.01, 0.0, 0.02, 0.06, 0.5], dtype=torch.float64,
+                     requires_grad=True)
+    on = u.detach() > 0
+    gate = support_gate(u, on, 0.1)
+    assert torch.equal(gate, on.double())
+    g = torch.arange(1.0, 8.0, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(gate, u, g)
+    expected = g * torch.tensor([0, 1, 1, 1, 1, 0, 0], dtype=torch.float64) / 0.1
+    torch.testing.assert_close(grad, expected)
+    torch.testing.assert_close(rectangle_kernel(u.detach(), 0.1), expected / g)
+    # the pseudo-derivative is the exact derivative of the ramp (away from its two kinks)
+    assert torch.autograd.gradcheck(lambda v: ramp_forward(v, v.detach() > 0, 0.1), (u,))
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_unshrunk_ste_gradient_is_the_stated_pseudo_derivative(monkeypatch, temperature):
+    # h_j = r·ReLU(s_j)·H(s_j − τ(s)), H'(u) := K(u/ε)/ε, ε = κ/|S|, τ sparsemax's threshold.
+    # With the gate's forward swapped for the ramp whose derivative is K/ε, the code is a
+    # piecewise-smooth function and float64 gradcheck compares the model's backward (the
+    # pseudo-derivative through s, τ, T(x) and r) with finite differences.
+    model = model64(temperature, values="unshrunk-ste", groups=2)
+    with torch.no_grad():
+        model.scale_head.weight.normal_(0, 0.3)  # r depends on x
+    x = torch.rand(6, 20, dtype=torch.float64)
+    moderate(model, x)
+    a, x_c = model.pre_activations(x)
+    s, p, u = margins(model, a, x_c)
+    eps = model.GATE_BANDWIDTH / (p > 0).sum(-1, keepdim=True)
+    # units inside the window on both sides of the threshold: the kernel term is exercised
+    assert ((u < 0) & (u > -eps / 2)).sum() >= 3 and ((u > 0) & (u < eps / 2)).sum() >= 3
+    monkeypatch.setattr(sparsemax_module, "support_gate", ramp_forward)
+    a, x_c = a.detach().requires_grad_(True), x_c.detach().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a_, x_: model.code(a_, x_)[0], (a, x_c))
+
+
+def test_unshrunk_ste_forward_is_unshrunk():
+    x = torch.rand(9, 20, dtype=torch.float64)
+    h = {values: model64("normalized", values=values).encode(x)
+         for values in ("unshrunk", "unshrunk-ste")}
+    assert torch.equal(h["unshrunk"], h["unshrunk-ste"])
+
+
+# ---- a unit pushed out of the support comes back ---------------------------------------------
+
+def near_miss(values, temperature):
+    """A model with one unit just below the threshold on inputs it would help reconstruct.
+
+    Unit j draws the batch's mean residual and reads it; its bias puts its margin u_j at least a
+    tenth of the gate's window below the threshold on every input.
+    """
+    model = model64(temperature, values=values, seed=1)
+    # inputs alike enough that the unit's margin is alike on all of them
+    x = torch.rand(1, 20, dtype=torch.float64) + 0.05 * torch.rand(64, 20, dtype=torch.float64)
+    moderate(model, x)
+    j = 5
+    with torch.no_grad():
+        direction = torch.nn.functional.normalize((x - model(x)[0]).mean(0), dim=0)
+        model.W_dec[:, j] = direction
+        model.W_enc[j] = direction
+        for _ in range(50):  # a fixed point: the normalized T(x) depends on the bias
+            a, x_c = model.pre_activations(x)
+            s, p, u = margins(model, a, x_c)
+            eps = model.GATE_BANDWIDTH / (p > 0).sum(-1)[:, 0]
+            T = model.temperature(a, x_c)[:, 0]
+            tau = s[:, 0, j] - u[:, 0, j]
+            model.b_enc[j] = (T * (tau - 0.1 * eps) - (a[:, j] - model.b_enc[j])).min()
+    return model, x, j
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_a_unit_just_outside_the_support_returns_under_unshrunk_ste(temperature):
+    fired = {}
+    for values in ("unshrunk", "unshrunk-ste"):
+        model, x, j = near_miss(values, temperature)
+        assert (model.encode(x)[:, j] == 0).all()  # out of the support on every input
+        a, x_c = model.pre_activations(x)
+        _, p, u = margins(model, a, x_c)
+        eps = model.GATE_BANDWIDTH / (p > 0).sum(-1)
+        assert (u[:, 0, j] > -eps[:, 0] / 2).float().mean() > 0.3  # but near it
+        before = float(model.recon_loss(x, model(x)[0]).detach())
+        opt = torch.optim.Adam([model.W_enc, model.b_enc], lr=1e-2)
+        for _ in range(30):
+            opt.zero_grad()
+            model.recon_loss(x, model(x)[0]).backward()
+            for param in (model.W_enc, model.b_enc):  # only unit j learns
+                keep = torch.zeros_like(param.grad)
+                keep[j] = 1
+                param.grad.mul_(keep)
+            opt.step()
+        fired[values] = float((model.encode(x)[:, j] > 0).float().mean())
+        if values == "unshrunk-ste":
+            assert float(model.recon_loss(x, model(x)[0]).detach()) < before
+    assert fired["unshrunk-ste"] == 1, fired
+    if temperature != "normalized":  # there a unit's score also moves the spread T(x) divides by
+        assert fired["unshrunk"] == 0  # no gradient reaches a unit off the support
+
+
+# ---- resampling is exact in each mode --------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("groups", [1, 4])
+def test_resampled_units_sit_at_the_intended_margin(temperature, groups):
+    model = model64(temperature, hidden=64, groups=groups)
+    idx = torch.tensor([3, 17, 30, 41])
+    inputs = torch.rand(4, 20, dtype=torch.float64)
+    with torch.no_grad():
+        model.W_enc[idx] = 0.5 * torch.nn.functional.normalize(
+            torch.randn(4, 20, dtype=torch.float64), dim=1)
+        model.b_enc[idx] = 0.0
+    model.after_resample(idx, inputs)
+    a, x_c = model.pre_activations(inputs)
+    # under the mode's temperature on the final scores: the unit's score is above the others'
+    # threshold τ by their Σ p²
+    s = model.scores(a, x_c)
+    others = s.clone()
+    others.view(4, -1)[:, idx] = float("-inf")
+    p = model.support_map(others.view(4, -1)).view_as(s)
+    tau = (others - p).masked_fill(p <= 0, float("-inf")).amax(-1)
+    share = p.pow(2).sum(-1)
+    rows, group = torch.arange(4), idx // (64 // groups)
+    torch.testing.assert_close(s.view(4, -1)[rows, idx], (tau + share)[rows, group],
+                               rtol=1e-9, atol=1e-9)
+    assert (model.code(a, x_c)[1]["p"][rows, idx] > 0).all()
+
+
+# ---- λ controls L0 in every mode -------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("values", ["shrunk", "unshrunk-ste"])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_lambda_lowers_l0_in_every_mode(mnist_small, temperature, values):
+    l0s = []
+    for lam in (0.001, 0.03):
+        torch.manual_seed(0)
+        config = SAEConfig(hidden=128, lam=lam, lambda_warmup=0.1, temperature=temperature,
+                           values=values)
+        data_var = float((mnist_small.train_x - mnist_small.train_mean).pow(2).sum(-1).mean())
+        model = build_model(config, mnist_small.train_mean, data_var,
+                            init_inputs=mnist_small.train_x)
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=160, limit_val_batches=0,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        trainer.fit(model, datamodule=mnist_small)
+        _, codes = encode_dataset(model, mnist_small.val_x)
+        l0s.append(float(metrics.l0(codes, model.fire_threshold).mean()))
+    assert l0s[0] > 1.3 * l0s[1] and l0s[1] > 1.5, l0s
+
+
+# ---- what starts and learns differently --------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_unshrunk_values_start_with_the_shrunk_codes_mass(temperature):
+    inputs = torch.rand(40, 20)
+    masses = {}
+    for values in ("shrunk", "unshrunk", "unshrunk-ste"):
+        torch.manual_seed(0)
+        config = SAEConfig(input_dim=20, hidden=32, groups=2, temperature=temperature,
+                           values=values)
+        model = build_model(config, torch.rand(20), 2.0, init_inputs=inputs)
+        masses[values] = model.encode(inputs).view(40, 2, 16).sum(-1).mean(0)
+    torch.testing.assert_close(masses["unshrunk"], masses["unshrunk-ste"])
+    # the shrunk code's mass is r₀ = sqrt(v) per group
+    torch.testing.assert_close(masses["unshrunk"], torch.full((2,), 2.0**0.5), rtol=1e-4, atol=0)
+    torch.testing.assert_close(masses["shrunk"], torch.full((2,), 2.0**0.5), rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("temperature, values, scaled", [
+    ("global", "shrunk", False), ("learned", "shrunk", False), ("normalized", "shrunk", True),
+    ("global", "unshrunk-ste", True), ("learned", "unshrunk-ste", True)])
+def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, values, scaled):
+    model = model64(temperature, values=values)
+    groups = model.configure_optimizers()["optimizer"].param_groups
+    lr = {id(p): g["lr"] for g in groups for p in g["params"]}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    factor = model.TEMPERATURE_LR_SCALE if scaled else 1.0
+    assert lr[id(model.log_temperature)] == pytest.approx(model.config.lr * factor)
+    assert lr[id(model.W_enc)] == pytest.approx(model.config.lr)
