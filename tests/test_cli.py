@@ -223,3 +223,19 @@ def test_flags_are_checked_before_lightning_is_imported():
             "print(sorted(m for m in ('lightning', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, data_dir):
+    """Piped (not a terminal): the run folder first, a line per validation, the pages last."""
+    out = tmp_path / "run"
+    result = run_cli(["--model", "l1", "--epochs", "3", "--out", out, *QUICK], tmp_path,
+                     data_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"run folder: {out}"
+    epochs = [ln for ln in lines if ln.startswith("epoch ")]
+    assert [ln.split(" · ")[0] for ln in epochs] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    assert all("val FVU" in ln and "L0" in ln and "dead" in ln for ln in epochs)
+    assert lines[-2:] == [f"report: {out / 'report.html'}", f"features: {out / 'features.html'}"]
+    assert (out / "report.html").is_file() and (out / "features.html").is_file()
