@@ -1085,7 +1085,8 @@ def _fit_probe(problem: _ProbeProblem, loss: str, w0, *, weight_decay: float, ma
                history_size: int, tol: float):
     """Minimise the probe objective of one loss from standardised weights w0 [D, C] (b = 0).
 
-    Returns (W [D, C] on standardised features, b [C], objective, iterations), float64 numpy.
+    Returns the weights [D, C] and bias [C] on the raw features, the objective and the
+    iterations used (float64 numpy).
     """
     from scipy.optimize import minimize
 
