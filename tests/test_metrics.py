@@ -907,3 +907,86 @@ def test_class_selectivity_ignores_class_order_and_matches_the_browser(rate, rnd
     from sae.figures.run import class_selectivity as heatmap_selectivity
 
     np.testing.assert_array_equal(heatmap_selectivity(rate)[1], a.numpy())
+
+
+# ------------------------------------------------------------------------------------------------
+# the probe solver: against the previous solver, the reference loss, and itself
+
+
+def sae_like_codes(n: int, draw: int, units: int = 256, k: int = 20, classes: int = 10):
+    """Non-negative codes with k of ``units`` firing per row, like an SAE's, and their labels.
+
+    Each class prefers its own 40 units (they overlap between classes); a row draws about half
+    its units among its class's and the rest anywhere, so that classes are separable only in
+    part. The preferences are fixed; ``draw`` picks the rows.
+    """
+    prefs = torch.stack([torch.randperm(units, generator=torch.Generator().manual_seed(c))[:40]
+                         for c in range(classes)])
+    g = torch.Generator().manual_seed(1_000 + draw)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    own = prefs[labels][torch.arange(n)[:, None], torch.randint(0, 40, (n, k // 2), generator=g)]
+    anywhere = torch.randint(0, units, (n, k - k // 2), generator=g)
+    codes = torch.zeros(n, units)
+    idx = torch.cat([own, anywhere], dim=1)
+    codes.scatter_(1, idx, torch.empty(n, k).exponential_(generator=g))
+    return codes, labels
+
+
+# The previous solver (torch.optim.LBFGS on float32 dense products, strong-Wolfe line search,
+# defaults: weight decay 1e-3, at most 200 iterations) scored these codes once, with seed 0:
+# sae_like_codes(6000, 0) for training, sae_like_codes(2000, 1) for testing.
+PREVIOUS_PROBE_ACCURACY = {"softmax": 0.837, "sparsemax": 0.8125}
+
+
+def test_probe_matches_previous_solver_accuracy():
+    xtr, ytr = sae_like_codes(6000, 0)
+    xte, yte = sae_like_codes(2000, 1)
+    probes = M.linear_probes(xtr, ytr, xte, yte)
+    assert set(probes) == set(M.PROBE_LOSSES)
+    for loss, previous in PREVIOUS_PROBE_ACCURACY.items():
+        assert probes[loss].sparse and probes[loss].loss == loss
+        assert abs(probes[loss].test_accuracy - previous) <= 0.001  # 0.1 point
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("loss", M.PROBE_LOSSES)
+def test_probe_reaches_the_optimum_of_the_reference_objective(loss, sparse):
+    # the objective rebuilt from probe_loss and autograd in float64: the compiled loops compute
+    # the same value, and the solver stops where its gradient vanishes
+    xtr, ytr = sae_like_codes(1500, 2)
+    xte, yte = sae_like_codes(200, 3)
+    r = M.linear_probe(xtr, ytr, xte, yte, loss=loss, sparse=sparse, dtype=torch.float64)
+    assert r.sparse == sparse and r.n_iter < 200
+    x = xtr.double()
+    mean, std = x.mean(0), x.std(0, unbiased=False)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    w = (r.weight * std[:, None]).detach().requires_grad_(True)  # on standardised features
+    b = (r.bias + (mean / std) @ (r.weight * std[:, None])).detach().requires_grad_(True)
+    logits = ((x - mean) / std) @ w + b
+    value = M.probe_loss(logits, ytr, loss)[0].mean() + 0.5 * 1e-3 * w.square().sum()
+    value.backward()
+    assert r.train_loss == pytest.approx(float(value.detach()), rel=1e-9)
+    assert float(w.grad.abs().max()) <= 1e-5 and float(b.grad.abs().max()) <= 1e-5
+
+
+def test_probes_equal_single_calls_and_do_not_depend_on_threads():
+    xtr, ytr = sae_like_codes(2000, 4)
+    xte, yte = sae_like_codes(300, 5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        both = M.linear_probes(xtr, ytr, xte, yte, seed=3)
+        torch.set_num_threads(1)
+        one_thread = M.linear_probes(xtr, ytr, xte, yte, seed=3)
+    finally:
+        torch.set_num_threads(threads)
+    for loss in M.PROBE_LOSSES:
+        single = M.linear_probe(xtr, ytr, xte, yte, seed=3, loss=loss)
+        for other in (single, one_thread[loss]):
+            assert torch.equal(both[loss].weight, other.weight)
+            assert torch.equal(both[loss].bias, other.bias)
+            assert both[loss].train_loss == other.train_loss
+            assert both[loss].n_iter == other.n_iter
+            assert both[loss].test_accuracy == other.test_accuracy
+    with pytest.raises(ValueError, match="probe loss"):
+        M.linear_probes(xtr, ytr, xte, yte, losses=("softmax", "hinge"))

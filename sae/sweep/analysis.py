@@ -149,9 +149,8 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     model = model_from_checkpoint(state)
     dm = data.get(settings)
     train_codes, test_codes = encode_codes(model, dm.train_x), encode_codes(model, dm.test_x)
-    probe = metrics.linear_probe(train_codes, dm.train_y, test_codes, dm.test_y, seed=0)
-    sparse_probe = metrics.linear_probe(train_codes, dm.train_y, test_codes, dm.test_y, seed=0,
-                                        loss="sparsemax")
+    probes = metrics.linear_probes(train_codes, dm.train_y, test_codes, dm.test_y, seed=0)
+    probe, sparse_probe = probes["softmax"], probes["sparsemax"]
     test_l0 = metrics.l0(test_codes, model.fire_threshold).to(torch.int32).numpy()
     labels = dm.test_y.numpy()
     class_l0 = [float(test_l0[labels == c].mean()) if (labels == c).any() else None
@@ -194,9 +193,8 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
         if key in have and "sparsemax_test_accuracy" in have[key]:
             continue
         dm = data.get(run.settings)
-        probe = metrics.linear_probe(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0)
-        sparse_probe = metrics.linear_probe(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0,
-                                            loss="sparsemax")
+        probes = metrics.linear_probes(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0)
+        probe, sparse_probe = probes["softmax"], probes["sparsemax"]
         have[key] = {**dict(zip(SPLIT_KEYS, key, strict=True)), "n_train": len(dm.train_x),
                      "n_test": len(dm.test_x), "test_accuracy": probe.test_accuracy,
                      "train_accuracy": probe.train_accuracy,
