@@ -208,3 +208,22 @@ def test_report_draws_a_sweep_runs_figures_as_training_would(tmp_path, data_dir)
         assert np.array_equal(np.asarray(Image.open(bare / rel)),
                               np.asarray(Image.open(trained / rel))), rel
     assert (bare / "report.html").read_text().count("data:image/png") >= 6
+
+
+def test_raw_pixel_probes_are_shared_by_the_sweeps_of_a_machine(tmp_path, data_dir,
+                                                                monkeypatch):
+    from sae import metrics
+    from sae.sweep import analysis
+
+    monkeypatch.setenv("SAE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SAE_DATA_DIR", str(data_dir))
+    runs = spec.plan(spec.load_sweep(write_sweep(tmp_path)))
+    first = analysis.raw_probes(tmp_path / "a", runs, analysis.DataCache())
+    (tmp_path / "b").mkdir()
+
+    def refit(*args, **kwargs):
+        raise AssertionError("the raw-pixel probes were fitted again")
+
+    monkeypatch.setattr(metrics, "linear_probes", refit)
+    assert analysis.raw_probes(tmp_path / "b", runs, analysis.DataCache()) == first
+    assert (tmp_path / "b" / "raw_probe.json").is_file()

@@ -193,15 +193,57 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
         if key in have and "sparsemax_test_accuracy" in have[key]:
             continue
         dm = data.get(run.settings)
-        probes = metrics.linear_probes(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0)
-        probe, sparse_probe = probes["softmax"], probes["sparsemax"]
-        have[key] = {**dict(zip(SPLIT_KEYS, key, strict=True)), "n_train": len(dm.train_x),
-                     "n_test": len(dm.test_x), "test_accuracy": probe.test_accuracy,
-                     "train_accuracy": probe.train_accuracy,
-                     "sparsemax_test_accuracy": sparse_probe.test_accuracy,
-                     "sparsemax_classes": sparse_probe.test_support}
+        shared = _shared_raw_probe(dm)
+        if shared is None:
+            probes = metrics.linear_probes(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0)
+            probe, sparse_probe = probes["softmax"], probes["sparsemax"]
+            shared = {"n_train": len(dm.train_x), "n_test": len(dm.test_x),
+                      "test_accuracy": probe.test_accuracy,
+                      "train_accuracy": probe.train_accuracy,
+                      "sparsemax_test_accuracy": sparse_probe.test_accuracy,
+                      "sparsemax_classes": sparse_probe.test_support}
+            _share_raw_probe(dm, shared)
+        have[key] = {**dict(zip(SPLIT_KEYS, key, strict=True)), **shared}
         write_json(path, list(have.values()))
     return list(have.values())
+
+
+# Raw-pixel probes depend on the data files and the split alone: every sweep on this machine
+# shares them (in the data cache folder), so a sweep does not spend its last minute on them again.
+_RAW_PROBE_VERSION = 2  # 2: the float64 L-BFGS-B probe solver
+
+
+def _raw_probe_key(dm) -> str | None:
+    if not dm.stamp:
+        return None
+    return json.dumps([_RAW_PROBE_VERSION, list(map(str, dm.stamp)), dm.val_size,
+                       dm.split_seed, dm.limit_train, dm.limit_test])
+
+
+def _raw_probe_file() -> Path:
+    from sae.data import default_cache_dir
+
+    return default_cache_dir() / "raw_probes.json"
+
+
+def _shared_raw_probe(dm) -> dict | None:
+    key = _raw_probe_key(dm)
+    shared = read_json(_raw_probe_file(), dict) if key else None
+    entry = (shared or {}).get(key)
+    return entry if isinstance(entry, dict) and "sparsemax_test_accuracy" in entry else None
+
+
+def _share_raw_probe(dm, entry: dict) -> None:
+    key = _raw_probe_key(dm)
+    if key is None:
+        return
+    shared = read_json(_raw_probe_file(), dict) or {}
+    shared[key] = entry
+    try:
+        _raw_probe_file().parent.mkdir(parents=True, exist_ok=True)
+        write_json(_raw_probe_file(), shared)
+    except OSError:  # a read-only cache folder: the sweep's own raw_probe.json still has it
+        pass
 
 
 def raw_by_dataset(raw: list[dict], runs: list[Run]) -> dict[str, dict[str, float]]:
