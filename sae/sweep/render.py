@@ -16,13 +16,12 @@ published copy without ``runs/`` names no run report (:func:`publish_page` rende
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from sae.io import write_text
-from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes
+from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes, read_json
 from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
 
@@ -374,8 +373,7 @@ def publish_page(sweep_dir: Path, sweep: Sweep, runs: list[Run], folder: Path) -
     from sae.sweep.tables import match_kl, summarize_seeds
 
     results = pd.read_csv(sweep_dir / "results.csv")
-    path = sweep_dir / "raw_probe.json"
-    raw = raw_by_dataset(json.loads(path.read_text()) if path.is_file() else [], runs)
+    raw = raw_by_dataset(read_json(sweep_dir / "raw_probe.json", list) or [], runs)
     summary = summarize_seeds(results)
     matched = match_kl(summary)
     pngs = {name: (sweep_dir / name).read_bytes() for name in FIGURE_FILES
