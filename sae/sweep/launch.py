@@ -183,8 +183,7 @@ class Worker:
     """One ``sae.sweep.worker`` process: trains the jobs sent to it, one at a time."""
 
     def __init__(self, env: dict[str, str], stderr: Path):
-        stderr.parent.mkdir(parents=True, exist_ok=True)
-        with open(stderr, "a", encoding="utf-8") as err:
+        with open_log(stderr) as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sae.sweep.worker"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, env=env, text=True, bufsize=1)
