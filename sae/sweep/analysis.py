@@ -122,11 +122,8 @@ def _dynamic(folder: Path, model, dm, test_codes) -> dict:
     from sae.evaluate import dynamic_measures
     from sae.metrics import DYNAMIC_KEYS
 
-    try:
-        measured = json.loads((folder / "metrics.json").read_text())
-    except (OSError, ValueError):
-        measured = {}
-    if isinstance(measured, dict) and all(k in measured for k in DYNAMIC_KEYS):
+    measured = run_metrics(folder) or {}
+    if all(k in measured for k in DYNAMIC_KEYS):
         return {k: measured[k] for k in DYNAMIC_KEYS}
     return dynamic_measures(model, dm.test_x, test_codes, dm.train_pca())
 
