@@ -183,7 +183,9 @@ def comparison(tmp_path_factory) -> Path:
     from sae import figures
     from sae.sweep import render, spec, tables
 
-    root = tmp_path_factory.mktemp("comparison")
+    # a folder of its own: pages of other tests' sweeps beside it would be linked as siblings
+    root = tmp_path_factory.mktemp("comparison") / "sweep"
+    root.mkdir()
     sweep_file = root / "small.yaml"
     sweep_file.write_text("datasets: [mnist]\nseeds: [0, 1]\ncommon: {hidden: 32}\n"
                           "models:\n  kl: {lambda: [0.1]}\n  sparsemax: {lambda: [0.01, 0.03]}\n"
