@@ -23,6 +23,8 @@ __all__ = [
 ]
 
 MODELS = ("l1", "kl", "sparsemax", "entmax", "topk", "batchtopk", "jumprelu")
+# settings a configuration saved before they existed had, with the value they had then
+SAVED_BEFORE = {"values": "shrunk", "temperature": "global"}
 FIXED_BUDGET = ("topk", "batchtopk")  # k sets the (mean) L0; λ is not used
 DEAD_GUARDS = ("none", "resample", "auxk")
 DATASETS = ("mnist", "fashion-mnist")
@@ -67,17 +69,19 @@ class SAEConfig:
                            low_open=True)
     alpha_mode: str = setting("learn", "entmax: learn α, anneal it to 2, or keep it fixed",
                               choices=("learn", "anneal", "fixed"))
-    values: str = setting("shrunk", "sparsemax: the values on the support: shrunk, r·p (every "
+    values: str = setting("auto", "sparsemax: the values on the support; auto = unshrunk-ste "
+                          "for sparsemax; shrunk, r·p (every "
                           "value offset by the threshold); unshrunk, (r/T)·a (a ReLU whose "
                           "support sparsemax chooses); unshrunk-ste, unshrunk values whose "
                           "support can grow back (a straight-through pseudo-derivative of the "
                           "support gate reaches units near the threshold)",
-                          choices=("shrunk", "unshrunk", "unshrunk-ste"))
-    temperature: str = setting("global", "sparsemax/entmax: the temperature T of the support "
-                               "map(a / T): global, one learned T per group; learned, "
+                          choices=("auto", "shrunk", "unshrunk", "unshrunk-ste"))
+    temperature: str = setting("auto", "sparsemax/entmax: the temperature T of the support "
+                               "map(a / T); auto = normalized for sparsemax, global for "
+                               "entmax; global, one learned T per group; learned, "
                                "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
                                "the spread (std) of the input's scores over the group's units",
-                               choices=("global", "learned", "normalized"))
+                               choices=("auto", "global", "learned", "normalized"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
@@ -113,8 +117,12 @@ class SAEConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> SAEConfig:
+        """The configuration a checkpoint or run folder saved. A setting it lacks was saved
+        before that setting existed and takes the value it had then (``SAVED_BEFORE``), not
+        today's default: an old Sparsemax-SAE checkpoint stays the model it was."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
+        known = {**SAVED_BEFORE, **values}
+        return cls(**{k: v for k, v in known.items() if k in names})
 
     def resolved_dead_guard(self) -> str:
         if self.dead_guard != "auto":
@@ -122,6 +130,20 @@ class SAEConfig:
         if self.arch != "linear":
             return "none"
         return "auxk" if self.model in FIXED_BUDGET else "resample"
+
+    def resolved_values(self) -> str:
+        """``auto``: unshrunk values whose support can grow back (``unshrunk-ste``) for the
+        Sparsemax-SAE, the only model with a choice of values; ``shrunk`` names the others'."""
+        if self.values != "auto":
+            return self.values
+        return "unshrunk-ste" if self.model == "sparsemax" else "shrunk"
+
+    def resolved_temperature(self) -> str:
+        """``auto``: the normalized per-input temperature for the Sparsemax-SAE, the global one
+        for entmax (chosen by the candidate comparisons; see the README)."""
+        if self.temperature != "auto":
+            return self.temperature
+        return "normalized" if self.model == "sparsemax" else "global"
 
     def resolved_init(self) -> str:
         """``auto`` starts sparsemax / entmax codes from data: their units compete for support."""
@@ -158,9 +180,9 @@ class SAEConfig:
              "--dead-guard auxk applies to --model topk and batchtopk")
         need(guard == "none" or self.arch == "linear",
              f"--dead-guard {guard} needs --arch linear (use none with mlp)")
-        need(self.values == "shrunk" or self.model == "sparsemax",
+        need(self.values in ("auto", "shrunk") or self.model == "sparsemax",
              f"--values {self.values} applies to --model sparsemax")
-        need(self.temperature == "global" or self.model in ("sparsemax", "entmax"),
+        need(self.temperature in ("auto", "global") or self.model in ("sparsemax", "entmax"),
              f"--temperature {self.temperature} applies to --model sparsemax and entmax")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")

@@ -1,6 +1,8 @@
 """The Sparsemax-SAE's temperature modes and values modes: their math, the straight-through
 gate's gradient, λ controlling L0 in each, units returning to the support, exact resampling."""
 
+from dataclasses import asdict
+
 import lightning.pytorch as L
 import pytest
 import torch
@@ -56,7 +58,8 @@ def margins(model, a, x_centred):
 def test_learned_temperature_starts_exactly_as_the_global_one():
     x = torch.rand(16, 20, dtype=torch.float64)
     torch.manual_seed(0)
-    glob = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0).double()
+    glob = build_model(SAEConfig(input_dim=20, hidden=32, temperature="global"), torch.rand(20),
+                       2.0).double()
     torch.manual_seed(0)
     learned = build_model(SAEConfig(input_dim=20, hidden=32, temperature="learned"),
                           torch.rand(20), 2.0).double()
@@ -307,3 +310,27 @@ def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, v
     factor = model.TEMPERATURE_LR_SCALE if scaled else 1.0
     assert lr[id(model.log_temperature)] == pytest.approx(model.config.lr * factor)
     assert lr[id(model.W_enc)] == pytest.approx(model.config.lr)
+
+
+# ---- the default and configurations saved before it ------------------------------------------
+
+def test_the_default_is_the_normalized_temperature_with_values_that_grow_back():
+    default = SAEConfig()
+    assert (default.resolved_temperature(), default.resolved_values()) == (
+        "normalized", "unshrunk-ste")
+    entmax = SAEConfig(model="entmax")
+    assert (entmax.resolved_temperature(), entmax.resolved_values()) == ("global", "shrunk")
+    for name in ("l1", "topk"):  # auto is valid for every model; a named mode is not
+        SAEConfig(model=name).validate()
+        with pytest.raises(ValueError, match="applies to --model sparsemax"):
+            SAEConfig(model=name, values="unshrunk").validate()
+
+
+def test_a_configuration_saved_before_the_modes_existed_keeps_its_design():
+    saved = {k: v for k, v in asdict(SAEConfig(input_dim=20, hidden=32)).items()
+             if k not in ("temperature", "values")}
+    old = SAEConfig.from_dict(saved)
+    assert (old.resolved_temperature(), old.resolved_values()) == ("global", "shrunk")
+    # and a model built from it has the previous design's parameters: no extra head
+    model = build_model(old, torch.rand(20), 2.0)
+    assert model.temperature_mode == "global" and model.values_mode == "shrunk"

@@ -34,6 +34,10 @@ class SparsemaxSAE(SparseAutoencoder):
     (L0 ≈ 6 of 512 after an epoch on MNIST). The code carries magnitude through r (Σ_j h_j = r,
     and any non-negative h can be written this way), which a raw sparsemax code cannot (Σ p = 1).
 
+    ``--model sparsemax`` defaults (``auto``) to the normalized temperature with ``unshrunk-ste``
+    values, chosen by comparing every combination at equal L0; ``EntmaxSAE`` keeps the global
+    temperature and shrunk values.
+
     **Temperature** (``temperature``), with a learned T_g = exp(log T_g) per group in every mode:
 
     - ``global``: T_g(x) = T_g. Sparsemax is invariant to shifts of the scores but not to their
@@ -117,21 +121,23 @@ class SparsemaxSAE(SparseAutoencoder):
     def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
                  init_inputs=None):
         super().__init__(config, mean_image, data_var, init_inputs)
+        self.temperature_mode = config.resolved_temperature()
+        self.values_mode = config.resolved_values()
         if config.hidden % config.groups:
             raise ValueError(f"hidden {config.hidden} is not divisible by groups {config.groups}")
         self.scale_head = nn.Linear(config.input_dim, config.groups)
         nn.init.zeros_(self.scale_head.weight)
         nn.init.constant_(self.scale_head.bias, softplus_inverse(math.sqrt(data_var)))
         t0 = 25.0 * math.sqrt(data_var / config.input_dim)
-        if config.temperature == "normalized":
+        if self.temperature_mode == "normalized":
             t0 = self.NORMALIZED_T0 * (config.hidden // config.groups)
         self.log_temperature = nn.Parameter(torch.full((config.groups,), math.log(t0)))
-        if config.temperature == "learned":  # log T(x) = log T + u · (x − b_dec), u from 0
+        if self.temperature_mode == "learned":  # log T(x) = log T + u · (x − b_dec), u from 0
             self.temperature_head = nn.Linear(config.input_dim, config.groups, bias=False)
             nn.init.zeros_(self.temperature_head.weight)
         # the smallest score spread the normalized temperature divides by
         self.min_spread = 1e-6 * math.sqrt(data_var / config.input_dim)
-        if config.values != "shrunk" and init_inputs is not None:
+        if self.values_mode != "shrunk" and init_inputs is not None:
             self.start_at_shrunk_mass(init_inputs, math.sqrt(data_var))
 
     @torch.no_grad()
@@ -154,7 +160,7 @@ class SparsemaxSAE(SparseAutoencoder):
         """log T learns ``TEMPERATURE_LR_SCALE`` times faster where T is what sizes the support:
         with ``unshrunk-ste`` and with the ``normalized`` temperature (whose scores ignore the
         encoder's scale); ``global`` and ``learned`` with shrunk values keep the base lr."""
-        if self.config.values != "unshrunk-ste" and self.config.temperature != "normalized":
+        if self.values_mode != "unshrunk-ste" and self.temperature_mode != "normalized":
             return super().param_groups()
         rest = [p for name, p in self.named_parameters() if name != "log_temperature"]
         return [{"params": rest},
@@ -167,7 +173,7 @@ class SparsemaxSAE(SparseAutoencoder):
 
     def temperature(self, a: Tensor, x_centred: Tensor) -> Tensor:
         """The temperature T_g(x) of each input and group, [B, G] (see ``temperature``)."""
-        mode = self.config.temperature
+        mode = self.temperature_mode
         if mode == "learned":
             return (self.log_temperature + self.temperature_head(x_centred)).exp()
         T = self.log_temperature.exp().expand(len(a), -1)
@@ -199,7 +205,12 @@ class SparsemaxSAE(SparseAutoencoder):
         a, x_centred = self.pre_activations(inputs)  # [n, H]
         without_bias = a[:, idx] - self.b_enc[idx]  # [n inputs, n new units]
         bias = self.b_enc[idx].clone()
-        for _ in range(1 if self.config.temperature != "normalized" else 100):
+        if self.temperature_mode == "normalized":
+            # start each new score at its group's median score: a far-off old bias (a unit
+            # pushed to -1e4) would otherwise dominate the spread and slow the iteration
+            median = a.view(n, G, -1).median(-1).values[rows, group]
+            bias = median - without_bias[rows, rows]
+        for _ in range(1 if self.temperature_mode != "normalized" else 100):
             a[:, idx] = without_bias + bias
             T = self.temperature(a, x_centred)  # [n, G]
             scores = a.view(n, G, -1) / T[..., None]
@@ -227,13 +238,13 @@ class SparsemaxSAE(SparseAutoencoder):
         p = self.support_map(s.view_as(a)).view_as(s)
         r = F.softplus(self.scale_head(x_centred))  # [B, G]
         values = p
-        if self.config.values == "unshrunk":
+        if self.values_mode == "unshrunk":
             # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value
             # is offset by the threshold; the support is still sparsemax's, and the penalty on
             # p still sets its size
             values = F.relu(s) * (p > 0)
         extras = {"p": p.view_as(a)}
-        if self.config.values == "unshrunk-ste":  # the same, with a gradient near the support
+        if self.values_mode == "unshrunk-ste":  # the same, with a gradient near the support
             extras["gate"] = self.gate(s, p)
             values = F.relu(s) * extras["gate"]
         h = (values * r.unsqueeze(-1)).view_as(a)
