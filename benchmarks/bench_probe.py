@@ -26,17 +26,9 @@ from pathlib import Path
 import torch
 
 from sae.data import ImageDataModule
-from sae.metrics import (
-    PROBE_LOSSES,
-    ProbeResult,
-    _accuracy,
-    _column_mean_std,
-    _flat,
-    _support,
-    linear_probe,
-    linear_probes,
-    probe_loss,
-)
+from sae.metrics import PROBE_LOSSES, ProbeResult, linear_probe, linear_probes, probe_loss
+from sae.metrics.basic import _column_mean_std, _flat
+from sae.metrics.probes import _accuracy, _support
 from sae.models import encode_dataset, load_checkpoint
 
 # --------------------------------------------------------------------------------------------------
