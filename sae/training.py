@@ -244,9 +244,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     result.update(wall_time_s=wall, steps=int(trainer.global_step),
                   epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
                   dataset=args.dataset, seed=args.seed, hidden=config.hidden,
-                  fire_threshold=float(model.fire_threshold))
-    if config.model == "entmax":
-        result["alpha"] = float(model.current_alpha())
+                  fire_threshold=float(model.fire_threshold), **model.result_extras())
     write_json(out / "metrics.json", result)
     from sae.callbacks import log_test_hparams
 

@@ -195,9 +195,10 @@ def test_ctrl_c_stops_with_a_resume_hint_and_keeps_the_checkpoint(tmp_path, data
 
 @pytest.mark.slow
 def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
+    from sae.checkpoints import load_checkpoint
     from sae.data import ImageDataModule
     from sae.metrics import firing_frequency, l0
-    from sae.models import encode_dataset, load_checkpoint
+    from sae.models import encode_dataset
 
     out = tmp_path / "ddp"
     result = run_cli(["--model", "sparsemax", "--max-steps", 6, "--out", out, "--devices", 2,
