@@ -28,9 +28,6 @@ def write_png(rgb: np.ndarray, path: Path) -> None:
     """Write an RGB array [H, W, 3] as a PNG, atomically (readers never see half a file)."""
     sae_io.write_png(path, rgb)
 
-FIGURE_KINDS = ("decoder_atoms", "reconstructions", "sparsity_histogram",
-                "activation_frequency", "class_unit_heatmap", "feature_density")
-
 
 class FigureCallback(L.Callback):
     """Save ``<out_dir>/<kind>/epoch_<E>.png`` every ``every_n_epochs`` epochs and at the end.

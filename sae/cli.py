@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from sae.config import SECTIONS, RunFolderConfig
+from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
 
 __all__ = ["SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser", "check_fields",
@@ -321,7 +322,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
     """Layer defaults < ``--config`` < the resumed run's ``config.yaml`` < explicit flags."""
     build_parser().parse_args(argv)  # --help (with defaults shown) and bad values end here
     explicit = vars(build_parser(suppress=True).parse_args(argv))
-    _check_paths({**explicit, "out": explicit.get("out") or os.environ.get("SAE_RUN_DIR")})
+    _check_paths({**explicit, "out": explicit.get("out") or os.environ.get(RUN_DIR_ENV)})
     settings = defaults()
     if explicit.get("config"):
         settings.update(read_settings_file(explicit["config"]))
@@ -329,7 +330,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
         if explicit["resume"] != "last" and Path(explicit["resume"]).is_dir():
             raise UsageError(f"--resume {explicit['resume']} is a folder; give a checkpoint "
                              "file, or --out FOLDER --resume")
-        out = explicit.get("out") or os.environ.get("SAE_RUN_DIR")
+        out = explicit.get("out") or os.environ.get(RUN_DIR_ENV)
         if out is None and explicit["resume"] != "last":
             out = run_dir_of_checkpoint(Path(explicit["resume"]))
         if out is None:
@@ -343,7 +344,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
         settings["out"] = str(out)
     settings.update(explicit)
     if settings.get("out") is None:
-        settings["out"] = os.environ.get("SAE_RUN_DIR") or str(
+        settings["out"] = os.environ.get(RUN_DIR_ENV) or str(
             Path("runs") / f"{settings['dataset']}-{settings['model']}-"
             f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     _check_paths(settings)  # data_dir may come from a file

@@ -23,15 +23,14 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
 import sys
 from collections.abc import Mapping
-from contextlib import contextmanager
 from pathlib import Path
 
 from sae import pages
 from sae.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.io import read_bytes, read_text, write_text
+from sae.process import STOPS, interrupted, interruptible
 from sae.variants import VARIANTS, Variant, models_using
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
@@ -492,31 +491,6 @@ def write_report(run_dir: Path) -> Path:
 # --------------------------------------------------------------------------- CLI
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C is (exit code 143 instead of 130)."""
-
-
-@contextmanager
-def interruptible():
-    """Ctrl-C raises KeyboardInterrupt and SIGTERM :class:`Terminated` inside the block (the
-    previous SIGTERM handler is restored after it)."""
-    def terminated(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def interrupted(exc: KeyboardInterrupt) -> int:
-    """One line for an interrupted command; its exit code (143 for SIGTERM, else 130)."""
-    what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-    print(f"{what}; nothing was written", file=sys.stderr)
-    return 143 if isinstance(exc, Terminated) else 130
-
-
 def _draw_figures(run_dir: Path) -> None:
     """Draw a finished run's missing figures from its checkpoint; a checkpoint or dataset that
     cannot be read leaves the report without figures, said in one line."""
@@ -548,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # report.html is written atomically: never half of one
+    except STOPS as exc:  # report.html is written atomically: never half of one
         return interrupted(exc)
     print(path)
     return 0
