@@ -16,7 +16,6 @@ Adding a model is a module in ``sae/models/`` with its ``SparseAutoencoder`` sub
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -28,8 +27,9 @@ __all__ = ["FIXED_BUDGET", "MODELS", "VARIANTS", "Variant", "models_using", "reg
 class Variant:
     """One ``--model``.
 
-    ``cls`` is the ``SparseAutoencoder`` subclass, or ``"module:Class"`` to import it when a model
-    is first built. ``budget``: ``"penalty"`` (λ weighs a sparsity penalty) or ``"fixed"`` (k sets
+    ``cls`` is the ``SparseAutoencoder`` subclass, or ``"module:Class"``, which
+    ``sae.models.model_class`` imports when a model is first built (this module stays free of
+    torch). ``budget``: ``"penalty"`` (λ weighs a sparsity penalty) or ``"fixed"`` (k sets
     the (mean) L0; λ is not used; its dead units are remedied by AuxK). ``settings``: the
     model-specific settings (field names) that apply to this variant. ``auto``: what an ``auto``
     setting resolves to for it (``values``, ``temperature``, ``init``), where that differs from
@@ -49,13 +49,6 @@ class Variant:
         unknown = set(self.auto) - set(AUTO_DEFAULTS)
         if unknown:
             raise ValueError(f"variant {self.name}: no auto setting {sorted(unknown)}")
-
-    def model_class(self) -> type:
-        """The implementing class (imported on first use)."""
-        if isinstance(self.cls, str):
-            module, _, name = self.cls.partition(":")
-            return getattr(importlib.import_module(module), name)
-        return self.cls
 
     def resolved(self, name: str) -> str:
         """What setting ``name`` = ``auto`` means for this variant."""

@@ -21,6 +21,7 @@ from sae.models import (
     SparseAutoencoder,
     build_model,
     encode_dataset,
+    model_class,
 )
 from sae.models import losses as LS
 from sae.variants import VARIANTS, Variant, register
@@ -264,7 +265,7 @@ def test_jumprelu_thresholds_get_gradient_and_values_are_unshrunk():
 def test_every_model_the_cli_offers_has_its_class():
     assert list(MODELS) == list(VARIANTS) and len(MODELS) == 7
     for name in MODELS:
-        cls = VARIANTS[name].model_class()
+        cls = model_class(name)
         assert issubclass(cls, SparseAutoencoder)
         assert type(small_model(name)) is cls
     with pytest.raises(ValueError, match="unknown model 'pca'"):

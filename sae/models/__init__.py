@@ -10,6 +10,8 @@ resampling, the non-finite-loss stop) are Lightning callbacks in ``sae.models.gu
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from torch import Tensor
 
@@ -26,13 +28,24 @@ from sae.variants import variant
 
 __all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS",
            "NonFiniteLossError", "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE",
-           "build_model", "decode_dataset", "encode_codes", "encode_dataset", "training_callbacks"]
+           "build_model", "decode_dataset", "encode_codes", "encode_dataset", "model_class",
+           "training_callbacks"]
+
+
+def model_class(name: str) -> type[SparseAutoencoder]:
+    """The class of the registered variant ``name`` (``sae.variants``); a ``"module:Class"``
+    reference is imported here, above the modules it names."""
+    cls = variant(name).cls
+    if isinstance(cls, str):
+        module, _, attr = cls.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    return cls
 
 
 def build_model(config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
                 init_inputs: Tensor | None = None) -> SparseAutoencoder:
     """The SAE variant named by ``config.model``; ``init_inputs`` [n, D] seed decoder columns."""
-    return variant(config.model).model_class()(config, mean_image, data_var, init_inputs)
+    return model_class(config.model)(config, mean_image, data_var, init_inputs)
 
 
 @torch.no_grad()
