@@ -28,9 +28,6 @@ def write_png(rgb: np.ndarray, path: Path) -> None:
     """Write an RGB array [H, W, 3] as a PNG, atomically (readers never see half a file)."""
     sae_io.write_png(path, rgb)
 
-FIGURE_KINDS = ("decoder_atoms", "reconstructions", "sparsity_histogram",
-                "activation_frequency", "class_unit_heatmap", "feature_density")
-
 
 class FigureCallback(L.Callback):
     """Save ``<out_dir>/<kind>/epoch_<E>.png`` every ``every_n_epochs`` epochs and at the end.
@@ -179,12 +176,11 @@ def validation_stats(model, x: torch.Tensor, y: torch.Tensor, n_classes: int,
 def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     """Draw a finished run's figures from its ``checkpoints/last.ckpt`` on its own validation
     split (what a sweep run skips while the sweep trains); returns the PNGs written."""
-    from sae.checkpoints import read_checkpoint
+    from sae.checkpoints import model_from_checkpoint, read_checkpoint
     from sae.cli import defaults, read_settings_file
     from sae.config import SAEConfig
     from sae.convergence import read_validation
     from sae.data import ImageDataModule
-    from sae.models import model_from_checkpoint
 
     run_dir = Path(run_dir)
     settings = {**defaults(), **read_settings_file(run_dir / "config.yaml")}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sae.cli import OneLineParser, UsageError
 from sae.io import UnsafePathError, copy_file, read_bytes, read_text, write_text
+from sae.process import interrupted
 
 DATASETS = ("mnist", "fashion-mnist")
 MODELS = ("sparsemax", "kl", "l1")
@@ -124,9 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: cannot write the gallery: {e.strerror or e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to continue", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        return interrupted(e, "run the same command again to continue")
 
 
 def _gallery(args, extra: list[str], argv: list[str] | None) -> int:

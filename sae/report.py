@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
 import sys
 from collections.abc import Mapping
-from contextlib import contextmanager
 from pathlib import Path
 
 from sae import pages
-from sae.cli import OneLineParser, UsageError, load_yaml, path_arg
+from sae.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.io import read_bytes, read_text, write_text
+from sae.process import STOPS, interrupted, interruptible
+from sae.variants import VARIANTS, Variant, models_using
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
            "latest_figures", "main", "relevant_settings", "render_report", "write_report"]
@@ -130,22 +130,6 @@ _METRIC_NOTES = {
 _RUN_FACTS = {"model": "model", "dataset": "dataset", "lam": "λ", "seed": "seed",
               "hidden": "code units", "fire_threshold": "firing threshold", "steps": "steps",
               "epochs": "epochs"}
-
-# config settings that matter only for some models (config.yaml key -> models); a setting of
-# another model is hidden from the short config table (the full one is one click away)
-_FIXED_BUDGET = ("topk", "batchtopk")
-_ONLY_FOR = {
-    "lambda": ("l1", "kl", "sparsemax", "entmax", "jumprelu"),
-    "k": _FIXED_BUDGET,
-    "aux_k": _FIXED_BUDGET,
-    "rho": ("kl",),
-    "kl_threshold": ("kl",),
-    "alpha": ("entmax",),
-    "alpha_mode": ("entmax",),
-    "values": ("sparsemax",),
-    "groups": ("sparsemax", "entmax"),
-    "jumprelu_bandwidth": ("jumprelu",),
-}
 
 _EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
 
@@ -291,6 +275,17 @@ def _config_value(value: object) -> str:
 # --------------------------------------------------------------------------- page sections
 
 
+def _applies(key: str, v: Variant) -> bool:
+    """Whether config.yaml key ``key`` matters for variant ``v`` (``sae.variants``): λ for a
+    penalty, k and AuxK's aux_k for a fixed budget, a model-specific setting for its models."""
+    name = BY_KEY[key].name if key in BY_KEY else key
+    if name == "lam":
+        return v.budget == "penalty"
+    if name in ("k", "aux_k"):
+        return v.budget == "fixed"
+    return not models_using(name) or name in v.settings
+
+
 def relevant_settings(config: dict[str, object]) -> dict[str, object]:
     """The settings of ``config`` that matter for its model: another model's settings (rho
     for a non-KL run, alpha for a non-entmax run, k for a λ model, ...) and mlp_width for a
@@ -298,9 +293,7 @@ def relevant_settings(config: dict[str, object]) -> dict[str, object]:
     model = config.get("model")
     keep = {}
     for key, value in config.items():
-        models = _ONLY_FOR.get(key)
-        if models is not None and model in _ONLY_FOR["lambda"] + _FIXED_BUDGET \
-                and model not in models:
+        if model in VARIANTS and not _applies(key, VARIANTS[model]):
             continue
         if key == "mlp_width" and config.get("arch", "linear") != "mlp":
             continue
@@ -498,31 +491,6 @@ def write_report(run_dir: Path) -> Path:
 # --------------------------------------------------------------------------- CLI
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C is (exit code 143 instead of 130)."""
-
-
-@contextmanager
-def interruptible():
-    """Ctrl-C raises KeyboardInterrupt and SIGTERM :class:`Terminated` inside the block (the
-    previous SIGTERM handler is restored after it)."""
-    def terminated(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def interrupted(exc: KeyboardInterrupt) -> int:
-    """One line for an interrupted command; its exit code (143 for SIGTERM, else 130)."""
-    what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-    print(f"{what}; nothing was written", file=sys.stderr)
-    return 143 if isinstance(exc, Terminated) else 130
-
-
 def _draw_figures(run_dir: Path) -> None:
     """Draw a finished run's missing figures from its checkpoint; a checkpoint or dataset that
     cannot be read leaves the report without figures, said in one line."""
@@ -554,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # report.html is written atomically: never half of one
+    except STOPS as exc:  # report.html is written atomically: never half of one
         return interrupted(exc)
     print(path)
     return 0

@@ -14,14 +14,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sae.config import SAEConfig
+from sae.process import Terminated, is_primary_process
 
 __all__ = ["Terminated", "TrainingSetupError", "quiet_lightning", "train"]
 
 SESSION_ENV = "SAE_SESSION"  # DDP workers log under the session their rank 0 opened
-
-
-class Terminated(BaseException):
-    """SIGTERM: stop as for Ctrl-C, with the conventional exit code 143."""
 
 
 class TrainingSetupError(Exception):
@@ -189,8 +186,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         raise TrainingSetupError(f"cannot build the model (--hidden {config.hidden}): "
                                  f"{_one_line(e)}") from None
 
-    primary = int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("RANK", 0)) == 0
-    if primary:
+    if is_primary_process():
         os.environ[SESSION_ENV] = runfolder.new_session(out, start_step)
     session = os.environ.get(SESSION_ENV, "session_0")
     timer = Timer()
@@ -244,9 +240,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     result.update(wall_time_s=wall, steps=int(trainer.global_step),
                   epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
                   dataset=args.dataset, seed=args.seed, hidden=config.hidden,
-                  fire_threshold=float(model.fire_threshold))
-    if config.model == "entmax":
-        result["alpha"] = float(model.current_alpha())
+                  fire_threshold=float(model.fire_threshold), **model.result_extras())
     write_json(out / "metrics.json", result)
     from sae.callbacks import log_test_hparams
 

@@ -245,8 +245,17 @@ def test_job_env_splits_threads_and_gpus(monkeypatch):
 def test_run_pool_gives_each_job_a_gpu_and_a_thread_share(tmp_path):
     tiny = {**TINY, "common": {**TINY["common"], "accelerator": "gpu"}}
     runs = spec.plan(spec.load_sweep(write_yaml(tmp_path / "s.yaml", tiny)))
-    show = [sys.executable, "-c", "import os, time; time.sleep(0.5); "
-            "print('env', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['OMP_NUM_THREADS'])"]
+    # each job marks its start and waits (at most 30 s) until the other has started too
+    started = tmp_path / "started"
+    started.mkdir()
+    show = [sys.executable, "-c", "import os, pathlib, sys, time\n"
+            "here = pathlib.Path(sys.argv[1])\n"
+            "(here / os.environ['CUDA_VISIBLE_DEVICES']).touch()\n"
+            "end = time.time() + 30\n"
+            "while len(list(here.iterdir())) < 2 and time.time() < end:\n"
+            "    time.sleep(0.01)\n"
+            "print('env', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['OMP_NUM_THREADS'])",
+            str(started)]
     pool = launch.RunPool(jobs=2, threads=3, gpus=["4", "7"])
     futures = [pool.submit(run, show, tmp_path / f"{i}.log") for i, run in enumerate(runs)]
     assert [f.result()[0] for f in futures] == [0, 0]

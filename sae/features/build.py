@@ -69,11 +69,11 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     run_dir = Path(run_dir)
     config, ckpt = checked_run(run_dir)
 
-    from sae.checkpoints import CheckpointError, read_checkpoint
+    from sae.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
     from sae.data import CLASS_NAMES, load_arrays, to_float
     from sae.embedding import embedding_figure
     from sae.figures import save_png
-    from sae.models import encode_dataset, model_from_checkpoint
+    from sae.models import encode_dataset
 
     dataset = str(config.get("dataset", "mnist"))
     arrays = load_arrays(dataset, data_dir if data_dir is not None else config.get("data_dir"))

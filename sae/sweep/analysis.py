@@ -136,8 +136,8 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     import torch
 
     from sae import metrics
-    from sae.checkpoints import read_checkpoint
-    from sae.models import encode_codes, model_from_checkpoint
+    from sae.checkpoints import model_from_checkpoint, read_checkpoint
+    from sae.models import encode_codes
 
     settings = read_settings_file(folder / "config.yaml")
     settings = {**defaults(), **settings}
