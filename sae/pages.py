@@ -31,7 +31,7 @@ import jinja2
 from markupsafe import Markup
 
 __all__ = ["PAGE_CSS", "Section", "code_block", "figure", "fragment", "inline_png",
-           "join", "link", "missing", "render_page", "table", "timestamp"]
+           "image_link", "join", "link", "missing", "render_page", "table", "timestamp"]
 
 PAGE_CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
@@ -182,6 +182,14 @@ def figure(png: bytes, alt: str, caption: str | Markup) -> Markup:
     return fragment('<figure><label class="zoom" title="tap: full size"><input type="checkbox">'
                     "<span>{}</span></label><figcaption>{}</figcaption></figure>",
                     inline_png(palette_png(png), alt), caption)
+
+
+def image_link(href: str, alt: str) -> Markup:
+    """An image read from a file beside the page (not embedded), captioned with its name and
+    linked to the file itself, for pages that show many figures (a gallery)."""
+    link(href, alt)  # the same rule: a relative path only
+    return fragment('<figure><a href="{0}"><img src="{0}" alt="{1}" loading="lazy"></a>'
+                    "<figcaption>{1}</figcaption></figure>", href, alt)
 
 
 def link(href: str, text: str) -> Markup:

@@ -319,6 +319,24 @@ def test_training_curves_all_panels():
     render(fig)
 
 
+def test_training_curves_show_warm_up_from_zero_and_bound_dead_units():
+    """λ_t's axis starts at 0 (the warm-up's rise shows even when the first logged λ_t is not
+    0); one dead unit of 512 stays a small step on the dead-units axis, whose legend says where
+    units were counted dead."""
+    frame = history()
+    frame["train/lambda"] = np.where(frame["step"] < 50, 0.0045 + frame["step"] * 1e-4, 0.01)
+    frame["train/dead_fraction"] = np.where(frame["step"] % 2, 1 / 512, 0.0)
+    fig = F.training_curves(frame)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    lam = next(ax for t, ax in by_title.items() if "λ" in t)
+    assert lam.get_yscale() == "linear" and lam.get_ylim()[0] == 0.0
+    dead = next(ax for t, ax in by_title.items() if t.startswith("Dead"))
+    assert dead.get_ylim()[0] == 0.0 and dead.get_ylim()[1] >= 0.05
+    labels = [text.get_text() for text in dead.get_legend().get_texts()]
+    assert any("validation set" in label for label in labels)
+    render(fig)
+
+
 def test_training_curves_skips_unlogged_panels():
     frame = history()[["step", "epoch", "train/loss", "train/l0"]]
     fig = F.training_curves(frame)
