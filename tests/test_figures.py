@@ -440,3 +440,38 @@ def test_no_global_state_leaks(rng, freq):
     F.training_curves(history(20))
     assert plt.get_fignums() == figs_before  # nothing registered with pyplot
     assert dict(mpl.rcParams) == before  # seaborn style applied only while building
+
+
+# --------------------------------------------------------------------------- model styles
+
+
+def test_model_style_is_fixed_by_kind_and_name():
+    import colorsys
+
+    import matplotlib.colors as mcolors
+
+    from sae.figures.common import MODEL_STYLES, model_style
+
+    kinds = ["l1", "kl", "sparsemax", "entmax", "topk", "batchtopk", "jumprelu"]
+    assert set(MODEL_STYLES) == set(kinds)
+    looks = {k: (model_style(k)["color"], model_style(k)["marker"]) for k in kinds}
+    assert len(set(looks.values())) == len(kinds)  # every kind its own colour and marker
+    assert len({c for c, _ in looks.values()}) == len(kinds)
+    for variant in ("sparsemax-previous", "sparsemax-learned", "sparsemax-normalized-ste"):
+        style = model_style(variant, "sparsemax")
+        assert style == model_style(variant)  # the kind read from the name agrees
+        assert style == model_style(variant, "sparsemax")  # deterministic
+        base = model_style("sparsemax")
+        assert style["color"] != base["color"] and style["ls"] != "-"
+        hue = colorsys.rgb_to_hls(*mcolors.to_rgb(style["color"]))[0]
+        assert hue == pytest.approx(colorsys.rgb_to_hls(*mcolors.to_rgb(base["color"]))[0],
+                                    abs=0.02)  # the same hue family, lighter or darker
+    assert model_style("my-model")["color"] == model_style("my-model")["color"]
+
+
+def test_seeds_note_claims_a_spread_only_with_two_seeds():
+    from sae.figures.common import seeds_note
+
+    assert seeds_note([3, 3, 2]) == "mean ± std over seeds"
+    assert "one seed" in seeds_note([1, 1]) and "±" not in seeds_note([1, 1])
+    assert "one seed" in seeds_note([1, 3]) and "≥ 2" in seeds_note([1, 3])
