@@ -46,13 +46,23 @@ h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
 body { overflow-wrap: anywhere; }
 nav a { margin-right: 1rem; color: #2a5db0; }
 a { color: #2a5db0; }
-.scroll { overflow-x: auto; max-width: 100%; margin: 0.6rem 0; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.6rem 0;
+          /* shadows at an edge with more table beyond it: a wide table shows it scrolls */
+          background: linear-gradient(to right, #fff 30%, rgba(255,255,255,0)),
+                      linear-gradient(to left, #fff 30%, rgba(255,255,255,0)) 100% 0,
+                      radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.18), transparent),
+                      radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.18), transparent)
+                      100% 0;
+          background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%,
+                                                         12px 100%;
+          background-attachment: local, local, scroll, scroll; }
 .scroll table { margin: 0; }
 table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; overflow-wrap: normal; }
-th, td { text-align: left; padding: 0.25rem 0.8rem; border-bottom: 1px solid #e6e6e6;
+th, td { text-align: left; padding: 0.25rem 0.6rem; border-bottom: 1px solid #e6e6e6;
          vertical-align: top; }
 th { background: #f4f4f4; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.key { white-space: nowrap; }
 td.note { color: #666; min-width: 14rem; }
 td.best { font-weight: 700; background: #e6f2e6; }
 figure { margin: 0.6rem 0 1.6rem 0; }
@@ -150,7 +160,8 @@ def table(head: Sequence[object], rows: Iterable[Sequence[object]],
     scrolls sideways when the table is wider than the page (a phone).
 
     Cells are shown as ``str(value)``, escaped; ``cell_class(column, text)`` gives a cell its CSS
-    class (``"num"`` for numbers, ``"note"`` for grey notes) or None; the cells ``(row,
+    class (``"num"`` for numbers, ``"key"`` for a setting kept on one line, ``"note"`` for
+    grey notes) or None; the cells ``(row,
     column)`` of ``best`` (positions counted from 0, header excluded) are also marked ``best``
     (bold, shaded).
     """

@@ -607,7 +607,8 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     (sweeps / "wide" / "comparison.html").write_text("x")  # another preset on the same dataset
     (sweeps / "empty").mkdir()  # no page: no link
     (tmp_path / "figures" / "gallery").mkdir(parents=True)
-    (tmp_path / "figures" / "gallery" / "README.md").write_text("x")
+    (tmp_path / "figures" / "gallery" / "README.md").write_text("x")  # raw text: not linked
+    (tmp_path / "figures" / "gallery" / "index.html").write_text("x")
     frame = aggregate.results_frame([
         {"dataset": "mnist", "model": "l1", "param": "lambda", "value": 0.01, "seed": 0,
          "run": "runs/mnist/l1/lambda0.01/seed0"},
@@ -618,7 +619,7 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     links = render.related_links(here, ["mnist"], frame)
     assert links["pages"] == [("fashion-mnist comparison", "../fashion-mnist/comparison.html"),
                               ("wide comparison", "../wide/comparison.html"),
-                              ("figure gallery", "../../figures/gallery/README.md")]
+                              ("figure gallery", "../../figures/gallery/index.html")]
     assert links["runs"] == {"mnist": [("l1 λ = 0.01 seed 0",
                                         "runs/mnist/l1/lambda0.01/seed0/report.html")]}
     assert links["unbuilt"] == [] and render.build_note(links) is None
@@ -630,8 +631,10 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     published = tmp_path / "figures" / "compare" / "mnist"
     published.mkdir(parents=True)
     links = render.related_links(published, ["mnist"], frame)
-    assert links == {"pages": [("figure gallery", "../../gallery/README.md")], "runs": {},
+    assert links == {"pages": [("figure gallery", "../../gallery/index.html")], "runs": {},
                      "unbuilt": []}
+    (tmp_path / "figures" / "gallery" / "index.html").unlink()  # a README alone is no page
+    assert render.related_links(published, ["mnist"], frame)["pages"] == []
 
 
 def test_publish_page_renders_without_runs(tmp_path):

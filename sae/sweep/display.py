@@ -11,6 +11,7 @@ mark them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pandas as pd
@@ -214,6 +215,16 @@ def to_html(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()):
 
     heads = [str(c) for c in table.columns]
     marked = {(r, heads.index(head)) for r, head in best if head in heads}
-    return pages.table(heads, table.itertuples(index=False),
-                       cell_class=lambda _, text: "num" if _is_number_text(text) else None,
+    return pages.table(heads, table.itertuples(index=False), cell_class=_cell_class,
                        best=marked)
+
+
+def _cell_class(_: int, text: str) -> str | None:
+    """``num`` for a number, ``key`` for a setting kept on one line ('λ = 0.003', 'k = 16',
+    'kl λ = 0.01')."""
+    if _is_number_text(text):
+        return "num"
+    return "key" if _SETTING.fullmatch(text) else None
+
+
+_SETTING = re.compile(r"(\S{1,40} )?(λ|k) = \S{1,20}")

@@ -152,14 +152,15 @@ def findings(summary, judged, dataset: str) -> list[str]:
 
 
 def _gallery(page_dir: Path) -> str | None:
-    """A relative link from a page in ``page_dir`` to the figure gallery's README.md:
-    ``../../gallery`` (a page published to figures/compare/<preset>/), else ``figures/gallery``
-    in a folder above the page (a sweep folder in the project); None when there is none."""
-    if (page_dir / ".." / ".." / "gallery" / "README.md").is_file():
-        return "../../gallery/README.md"
+    """A relative link from a page in ``page_dir`` to the figure gallery's index.html (the page
+    a browser shows; its README.md would open as raw text): ``../../gallery`` (a page published
+    to figures/compare/<preset>/), else ``figures/gallery`` in a folder above the page (a sweep
+    folder in the project); None when there is no gallery page."""
+    if (page_dir / ".." / ".." / "gallery" / "index.html").is_file():
+        return "../../gallery/index.html"
     here = page_dir.resolve()
     for parent in here.parents:
-        candidate = parent / "figures" / "gallery" / "README.md"
+        candidate = parent / "figures" / "gallery" / "index.html"
         if candidate.is_file():
             return Path(os.path.relpath(candidate, here)).as_posix()
     return None
