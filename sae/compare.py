@@ -42,7 +42,7 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
                                a sae.run folder, plus analysis.json and test_l0.npy
     logs/<same path>.log       each run's console output (appended on every attempt)
     raw_probe.json             raw-pixel probe accuracy per dataset and data split (cached)
-    results.csv                one row per finished run (columns: sae.sweep.tables.RESULT_COLUMNS)
+    results.csv                one row per finished run (sae.sweep.aggregate.RESULT_COLUMNS)
     comparison.md              mean ± std over seeds per configuration, "vs KL-SAE", raw pixels
     comparison.html            the same tables and the plots, one self-contained page
     fvu_vs_l0.png, probe_vs_l0.png, l0_distributions.png, class_l0.png, l0_ink_correlation.png

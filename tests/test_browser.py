@@ -256,7 +256,7 @@ def comparison(tmp_path_factory) -> Path:
     """comparison.html of a small constructed sweep (two datasets' results, no training), with
     a run folder that has a report, so the page links to it."""
     from sae import figures
-    from sae.sweep import render, spec, tables
+    from sae.sweep import aggregate, plots, render, spec
 
     # a folder of its own: pages of other tests' sweeps beside it would be linked as siblings
     root = tmp_path_factory.mktemp("comparison") / "sweep"
@@ -281,15 +281,15 @@ def comparison(tmp_path_factory) -> Path:
                          "recon_bias": 0.97, "support_fvu": fvu * 0.8, "adaptive_gain": 0.004,
                          "adaptivity": 0.3, "wall_time_s": 60.0,
                          "run": f"runs/mnist/{model}/{param}{value}/seed{seed}"})
-    results = tables.results_frame(rows)
+    results = aggregate.results_frame(rows)
     run = root / results.loc[0, "run"]
     run.mkdir(parents=True)
     (run / "report.html").write_text("<!DOCTYPE html><title>run</title>")
-    summary = tables.summarize_seeds(results)
-    pngs = {"fvu_vs_l0.png": figures.figure_to_png_bytes(figures.fvu_l0_pareto(summary))}
+    summary = aggregate.summarize_seeds(results)
+    pngs = {"fvu_vs_l0.png": figures.figure_to_png_bytes(plots.fvu_l0_pareto(summary))}
     links = render.related_links(root, sweep.datasets, results)
     page = root / "comparison.html"
-    page.write_text(render.comparison_html(sweep, summary, tables.match_kl(summary),
+    page.write_text(render.comparison_html(sweep, summary, aggregate.match_kl(summary),
                                            {"mnist": 0.926}, pngs, 10, len(results), links),
                     encoding="utf-8")
     return page
