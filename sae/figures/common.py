@@ -160,6 +160,27 @@ def tile_centre(i: int, cols: int, shape: tuple[int, int], gap: int, band: int):
 # --------------------------------------------------------------------------- page embedding
 
 
+def palette_encode(rgb: np.ndarray, colours: int = 256, max_mean_error: float = 1.0,
+                   max_error: int = 12) -> bytes | None:
+    """An RGB image ``[H, W, 3]`` uint8 as a palette PNG of at most ``colours`` colours, or None
+    where the palette would not be faithful (see :func:`palette_png` for the bounds)."""
+    from PIL import Image
+
+    rgb = np.ascontiguousarray(rgb)
+    image = Image.fromarray(rgb)
+    exact = image.getcolors(maxcolors=colours) is not None
+    quantised = image.quantize(colors=colours, method=Image.Quantize.MEDIANCUT,
+                               dither=Image.Dither.NONE)
+    if not exact:
+        error = np.abs(np.asarray(quantised.convert("RGB"), dtype=np.int16)
+                       - rgb.astype(np.int16))
+        if error.mean() > max_mean_error or np.quantile(error.max(-1), 0.99) > max_error:
+            return None
+    buf = io.BytesIO()
+    quantised.save(buf, format="PNG", optimize=False, compress_level=9)
+    return buf.getvalue()
+
+
 def palette_png(png: bytes, colours: int = 256, max_mean_error: float = 1.0,
                 max_error: int = 12) -> bytes:
     """``png`` re-encoded with an adaptive palette of at most ``colours`` colours, if faithful.
@@ -172,7 +193,8 @@ def palette_png(png: bytes, colours: int = 256, max_mean_error: float = 1.0,
     on average over pixels and channels and by at most ``max_error`` at 99 % of the pixels (the
     rest are single anti-aliased edge pixels of a rare shade, a few dozen levels off at most).
     Otherwise, or when the palette version is not smaller or ``png`` cannot be decoded, the
-    original bytes come back unchanged.
+    original bytes come back unchanged. A palette PNG comes back as it is, at once: figures
+    written by :func:`palette_encode` cost a page nothing more.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -186,16 +208,5 @@ def palette_png(png: bytes, colours: int = 256, max_mean_error: float = 1.0,
         return png
     if (rgba[..., 3] != 255).any():  # transparency: keep the original
         return png
-    rgb = Image.fromarray(np.ascontiguousarray(rgba[..., :3]))
-    exact = rgb.getcolors(maxcolors=colours) is not None
-    quantised = rgb.quantize(colors=colours, method=Image.Quantize.MEDIANCUT,
-                             dither=Image.Dither.NONE)
-    if not exact:
-        error = np.abs(np.asarray(quantised.convert("RGB"), dtype=np.int16)
-                       - rgba[..., :3].astype(np.int16))
-        if error.mean() > max_mean_error or np.quantile(error.max(-1), 0.99) > max_error:
-            return png
-    buf = io.BytesIO()
-    quantised.save(buf, format="PNG", optimize=False, compress_level=9)
-    out = buf.getvalue()
-    return out if len(out) < len(png) else png
+    out = palette_encode(rgba[..., :3], colours, max_mean_error, max_error)
+    return out if out is not None and len(out) < len(png) else png
