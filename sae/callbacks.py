@@ -342,8 +342,9 @@ class StopOnSignal(L.Callback):
             raise KeyboardInterrupt
         self.signum = signum
 
-    def on_fit_start(self, trainer, pl_module) -> None:
-        # after Lightning installed its own SIGTERM handler, which would stop mid-validation
+    def on_train_start(self, trainer, pl_module) -> None:
+        # after Lightning installed its own SIGTERM handler (after on_fit_start), which would
+        # stop mid-validation
         import signal
         import threading
 
