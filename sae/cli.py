@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from sae.config import SECTIONS, RunFolderConfig
+from sae.config import FIXED_BUDGET, SECTIONS, RunFolderConfig
 from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
 
@@ -70,8 +70,17 @@ def _parse_text(s: Setting):
     return parse
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown where there is one: no "(default: None)" for settings off by default."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _metavar(s: Setting) -> str:
-    if s.choices is not None and len(s.choices) <= 6:
+    if s.choices is not None and len(s.choices) <= 8:
         return "{" + ",".join(s.choices) + "}"
     return s.key.upper().replace("-", "_")
 
@@ -81,7 +90,7 @@ def build_parser(suppress: bool = False) -> OneLineParser:
     p = OneLineParser(
         prog="python -m sae.run", description="Train a sparse autoencoder on MNIST or "
         "Fashion-MNIST and write a run folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
         argument_default=argparse.SUPPRESS if suppress else None)
     groups = {}
     for s in SETTINGS.values():
@@ -349,6 +358,20 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
             f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     _check_paths(settings)  # data_dir may come from a file
     return argparse.Namespace(**settings)
+
+
+def unused_flags(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """A note for each flag given on the command line that the chosen model does not use:
+    --lambda with a fixed-budget model (topk, batchtopk), --k with a penalty (λ) model."""
+    explicit = vars(build_parser(suppress=True).parse_args(argv))
+    fixed = args.model in FIXED_BUDGET
+    if "lam" in explicit and fixed:
+        return [f"note: --lambda is ignored by --model {args.model}: its sparsity is --k "
+                f"{args.k}"]
+    if "k" in explicit and not fixed:
+        return [f"note: --k is ignored by --model {args.model}: its sparsity is --lambda "
+                f"{args.lam:g}"]
+    return []
 
 
 def run_dir_of_checkpoint(ckpt: Path) -> str | None:

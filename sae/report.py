@@ -53,7 +53,7 @@ FIGURE_KINDS = (
 _KIND_TEXT = {
     "code_embedding": (
         "Code embedding",
-        "t-SNE of 2 000 test codes, coloured by class: do codes of different classes separate?",
+        "t-SNE of 1 000 test codes, coloured by class: do codes of different classes separate?",
     ),
     "decoder_atoms": (
         "Decoder atoms",
@@ -432,8 +432,9 @@ def _lookup(config: dict[str, object], keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def render_report(run_dir: Path) -> str:
-    """The complete HTML text of a run's report."""
+def render_report(run_dir: Path, resume_command: str | None = None) -> str:
+    """The complete HTML text of a run's report; ``resume_command``: the run was interrupted
+    and goes on with this command (said at the top of the page)."""
     run_dir = Path(run_dir)
     config, config_problem = _read_config(run_dir / "config.yaml")
     metrics, metrics_problem = _read_metrics(run_dir / "metrics.json")
@@ -444,10 +445,16 @@ def render_report(run_dir: Path) -> str:
     status = ("complete: final test metrics present" if not metrics_problem
               else "no final test metrics (interrupted or still training)")
     line = headline(metrics) if not metrics_problem else None
+    intro = [pages.fragment('<strong class="headline">{}</strong>', line)] if line else []
+    if resume_command is not None:
+        status = "interrupted"
+        intro.append(pages.fragment(
+            "<p>Training was interrupted; the page shows its last checkpoint's figures and the "
+            "curves so far. Continue it with <code>{}</code>.</p>", resume_command))
     return pages.render_page(
         title=f"{name}: {subtitle}", heading=name,
         subtitle=f"{subtitle} · run {status} · report generated {pages.timestamp()}",
-        intro=[pages.fragment('<strong class="headline">{}</strong>', line)] if line else [],
+        intro=intro,
         sections=[
             pages.Section("metrics", "Final test metrics",
                           _metrics_section(metrics, metrics_problem), nav="Final metrics"),
@@ -475,8 +482,9 @@ def _check_run_dir(run_dir: Path) -> None:
         raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
 
 
-def write_report(run_dir: Path) -> Path:
-    """Write ``<run_dir>/report.html`` and return its path.
+def write_report(run_dir: Path, resume_command: str | None = None) -> Path:
+    """Write ``<run_dir>/report.html`` and return its path (``resume_command``: see
+    :func:`render_report`).
 
     Raises:
         RunFolderError: ``run_dir`` is missing, not a folder, or has no ``config.yaml``.
@@ -484,7 +492,7 @@ def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     _check_run_dir(run_dir)
     out = run_dir / "report.html"
-    write_text(out, render_report(run_dir))
+    write_text(out, render_report(run_dir, resume_command))
     return out
 
 

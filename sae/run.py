@@ -32,7 +32,13 @@ from dataclasses import fields
 from importlib.util import find_spec
 from pathlib import Path
 
-from sae.cli import UsageError, build_parser, config_file_dict, resolve_settings
+from sae.cli import (
+    UsageError,
+    build_parser,
+    config_file_dict,
+    resolve_settings,
+    unused_flags,
+)
 from sae.config import SAEConfig
 from sae.process import (
     EXIT_FAILED,
@@ -222,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             if primary:  # within a second of the command: torch is not imported yet
                 print(f"run folder: {out}" + (" (resuming)" if args.resume is not None else ""),
                       flush=True)
+                for note in unused_flags(argv, args):  # beside the run's other notes
+                    print(note, flush=True)
             _import_training()
     except UsageError as e:
         say(f"error: {e}")
@@ -294,6 +302,18 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
     return 0
 
 
+def _interrupted_report(out: Path, command: str) -> None:
+    """report.html of what an interrupted run has, saying how it goes on; a second signal or a
+    failure while it is written leaves the run as it is, without a report."""
+    try:
+        with _signals_held():  # no half-imported plotting modules; the signal waits a moment
+            from sae.report import write_report
+        write_report(out, resume_command=command)
+    except (KeyboardInterrupt, Terminated, Exception):  # noqa: BLE001 (the stop goes on)
+        return
+    print(f"report: {out / 'report.html'}", flush=True)
+
+
 def _undo_start(out: Path, created: bool, primary: bool) -> None:
     """A fresh run that failed before its first checkpoint leaves no half-made folder."""
     if primary:
@@ -305,6 +325,8 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
 def _stopped(args, out: Path, created: bool, primary: bool, say, what: str, code: int) -> int:
     if (out / "checkpoints" / "last.ckpt").is_file() or args.resume is not None:
         command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
+        if primary and not args.no_report and (out / "checkpoints" / "last.ckpt").is_file():
+            _interrupted_report(out, command)
         say(f"{what}; continue with: {command}")
     else:
         _undo_start(out, created, primary)

@@ -1,6 +1,7 @@
 """python -m sae.run as a user calls it: a subprocess on real (subset) MNIST data."""
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -22,6 +23,8 @@ def test_help_shows_defaults(tmp_path, data_dir):
     assert result.returncode == 0
     assert "--lambda" in result.stdout and "(default: 0.01)" in result.stdout
     assert "--resume" in result.stdout and "--devices" in result.stdout
+    assert "--model {l1,kl,sparsemax,entmax,topk,batchtopk,jumprelu}" in result.stdout
+    assert "(default: None)" not in result.stdout and "(default: False)" not in result.stdout
 
 
 @pytest.mark.parametrize("args", [
@@ -228,15 +231,23 @@ def test_flags_are_checked_before_lightning_is_imported():
 
 @pytest.mark.slow
 def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, data_dir):
-    """Piped (not a terminal): the run folder first, a line per validation, the pages last."""
+    """Piped (not a terminal): the run folder first, a line per validation, one line per
+    finishing step with its time, the pages last."""
     out = tmp_path / "run"
     result = run_cli(["--model", "l1", "--epochs", "3", "--out", out, *QUICK], tmp_path,
                      data_dir)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[0] == f"run folder: {out}"
+    # QUICK's --k is no setting of the L1 SAE: said once
+    assert lines[1] == "note: --k is ignored by --model l1: its sparsity is --lambda 0.01"
     epochs = [ln for ln in lines if ln.startswith("epoch ")]
     assert [ln.split(" · ")[0] for ln in epochs] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
     assert all("val FVU" in ln and "L0" in ln and "dead" in ln for ln in epochs)
+    assert "v_num" not in result.stdout + result.stderr
+    after = lines[lines.index(epochs[-1]) + 1:]
+    steps = [re.fullmatch(r"(.+) … (\d+\.\d) s", ln) for ln in after[:3]]
+    assert [m.group(1) for m in steps if m] == ["test metrics", "feature browser", "report"]
+    assert after[3].startswith("mse=")
     assert lines[-2:] == [f"report: {out / 'report.html'}", f"features: {out / 'features.html'}"]
     assert (out / "report.html").is_file() and (out / "features.html").is_file()

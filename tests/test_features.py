@@ -1,4 +1,5 @@
-"""Tests for sae.features (statistics, page, CLI) and sae.embedding, without a browser."""
+"""Tests for sae.features (statistics, page, CLI) and sae.figures.embedding, without a
+browser."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from hypothesis.extra.numpy import arrays
 from matplotlib.figure import Figure
 from PIL import Image
 
-from sae.embedding import embed_codes, embedding_figure
 from sae.features import feature_stats, render_features_page
 from sae.features.stats import attributions, band_examples, nearest_units, probe_weights
+from sae.figures.embedding import embed_codes, embedding_figure
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -73,8 +73,8 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
 
     from sae.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
     from sae.data import CLASS_NAMES, load_arrays, to_float
-    from sae.embedding import embedding_figure
     from sae.figures import save_png
+    from sae.figures.embedding import embedding_figure
     from sae.models import encode_dataset
 
     dataset = str(config.get("dataset", "mnist"))

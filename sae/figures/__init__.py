@@ -5,6 +5,8 @@ By audience:
 - :mod:`sae.figures.run`: what one run learned (sparsity histogram, firing frequencies, class ×
   unit heatmap, feature density, decoder atoms, reconstructions), drawn by the figure callback;
 - :mod:`sae.figures.curves`: one run's training curves, drawn by its report;
+- :mod:`sae.figures.embedding`: a t-SNE of test codes coloured by class, drawn for the feature
+  browser (imported on its own: scikit-learn is loaded only when it embeds);
 - :mod:`sae.figures.common`: the style, resolution, PNG/RGB output, the one colour and marker
   of each model (:func:`sae.figures.common.model_style`) and helpers they share.
 
