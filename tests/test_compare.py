@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sae import compare, figures
 from sae.cli import UsageError, build_parser
+from sae.config import FIXED_BUDGET
 from sae.models import MODELS
 from sae.sweep import aggregate, analysis, display, launch, matching, plots, render, spec
 
@@ -91,8 +92,11 @@ def test_presets_are_valid(preset):
     if preset.stem == "quick":
         assert set(sweep.datasets) == {"mnist", "fashion-mnist"} and len(sweep.seeds) == 1
         assert all(len(e.grid) == 2 for e in sweep.models)
-    if preset.stem in ("mnist", "fashion-mnist"):  # the published comparisons: three seeds
-        assert len(sweep.seeds) == 3 and all(len(e.grid) >= 3 for e in sweep.models)
+    if preset.stem in ("mnist", "fashion-mnist"):  # the published comparisons: three seeds,
+        # every model at the levels that bracket L0 16 and 32 (k itself for the fixed budgets)
+        assert len(sweep.seeds) == 3
+        for e in sweep.models:
+            assert ({16, 32} <= set(e.grid)) if e.kind in FIXED_BUDGET else len(e.grid) >= 3
     if preset.stem == "wide":
         assert all(r.settings["hidden"] == 4096 for r in runs) and len(sweep.seeds) == 1
 
