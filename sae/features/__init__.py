@@ -10,8 +10,8 @@ atom, its firing frequency, its activation histogram (with axes), the classes it
 how selective it is for one of them (ranked only from ``MIN_FIRINGS`` firings on), the classes
 it votes for in a linear probe, its nearest units by decoder cosine, its top activating test
 inputs and a few inputs from each quantile band of its firings, each with its attribution
-(which pixels drive the unit). A t-SNE of the test codes (:mod:`sae.figures.embedding`) closes the page,
-which links the run's ``report.html``.
+(which pixels drive the unit). A t-SNE of the test codes (:mod:`sae.figures.embedding`)
+closes the page, which links the run's ``report.html``.
 
 Three layers, each usable alone, each its own module:
 
