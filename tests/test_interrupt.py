@@ -104,54 +104,58 @@ def test_ctrl_c_from_the_terminal_leaves_a_report_and_a_resumable_run(tmp_path, 
 
 
 class SignalAt(L.Callback):
-    """Sends this process a signal after training batch ``batch`` of epoch ``epoch``."""
+    """Sends this process ``signum`` after batch ``batch`` of epoch ``epoch``: a training batch,
+    or with ``validation`` a batch of that epoch's validation."""
 
-    def __init__(self, signum, epoch, batch):
-        self.signum, self.epoch, self.batch = signum, epoch, batch
+    def __init__(self, signum, epoch, batch, validation=False):
+        self.signum, self.epoch, self.batch, self.validation = signum, epoch, batch, validation
+
+    def _maybe_signal(self, trainer, batch_idx, validation):
+        if (validation == self.validation and trainer.current_epoch == self.epoch
+                and batch_idx == self.batch):
+            os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.current_epoch == self.epoch and batch_idx == self.batch:
-            os.kill(os.getpid(), self.signum)
+        self._maybe_signal(trainer, batch_idx, validation=False)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                                dataloader_idx=0):
+        self._maybe_signal(trainer, batch_idx, validation=True)
+
+
+def stopped_run(in_process, monkeypatch, out, signal_at) -> int:
+    """The exit code of the tiny run into ``out`` with ``signal_at`` among its training
+    callbacks (they are as before afterwards)."""
+    import sae.models
+
+    plain = sae.models.training_callbacks
+    with monkeypatch.context() as patch:
+        patch.setattr(sae.models, "training_callbacks",
+                      lambda config: [*plain(config), signal_at])
+        return in_process([*TINY, "--out", out])
+
+
+def assert_resumes_to_the_same_metrics(in_process, out, reference):
+    assert not (out / "metrics.json").exists()
+    assert in_process(["--out", out, "--resume", "--progress", "off"]) == 0
+    assert_same_metrics(out, reference)
 
 
 @pytest.mark.slow
 def test_ctrl_c_mid_epoch_resumes_to_the_same_metrics(tmp_path, data_dir, reference,
                                                       in_process, monkeypatch):
-    import sae.models
-
-    plain = sae.models.training_callbacks
-    monkeypatch.setattr(sae.models, "training_callbacks",
-                        lambda config: [*plain(config), SignalAt(signal.SIGINT, 1, 10)])
     out = tmp_path / "run"
-    assert in_process([*TINY, "--out", out]) == 130
+    assert stopped_run(in_process, monkeypatch, out, SignalAt(signal.SIGINT, 1, 10)) == 130
     assert saved_step(out) == STEPS + 11  # the step in progress when the signal came
-    monkeypatch.setattr(sae.models, "training_callbacks", plain)
-    assert in_process(["--out", out, "--resume", "--progress", "off"]) == 0
-    assert_same_metrics(out, reference)
-
-
-class SignalMidValidation(L.Callback):
-    """Sends this process SIGTERM in the middle of the second validation."""
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
-                                dataloader_idx=0):
-        if trainer.current_epoch == 1 and batch_idx == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+    assert_resumes_to_the_same_metrics(in_process, out, reference)
 
 
 @pytest.mark.slow
 def test_sigterm_mid_validation_resumes_to_the_same_metrics(tmp_path, data_dir, reference,
                                                             in_process, monkeypatch):
-    import sae.models
-
-    plain = sae.models.training_callbacks
-    monkeypatch.setattr(sae.models, "training_callbacks",
-                        lambda config: [*plain(config), SignalMidValidation()])
     out = tmp_path / "run"
-    assert in_process([*TINY, "--out", out]) == 143
+    signal_at = SignalAt(signal.SIGTERM, 1, 2, validation=True)  # the second validation
+    assert stopped_run(in_process, monkeypatch, out, signal_at) == 143
     # the validation under way finished and was saved: the checkpoint is of the epoch's end
     assert saved_step(out) == 2 * STEPS
-    assert not (out / "metrics.json").exists()
-    monkeypatch.setattr(sae.models, "training_callbacks", plain)
-    assert in_process(["--out", out, "--resume", "--progress", "off"]) == 0
-    assert_same_metrics(out, reference)
+    assert_resumes_to_the_same_metrics(in_process, out, reference)
