@@ -126,10 +126,12 @@ def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str
     ``<out_dir>/<kind>/epoch_<E>.png``, and to each TensorBoard logger given.
 
     Every figure's title starts with the run's dataset, model and sparsity setting
-    (:func:`run_label`), so a PNG shown alone (the gallery) says what it is.
+    (:func:`run_label`) and the data it was drawn from (the validation set, while the run's
+    metrics are the test set's), so a PNG shown alone (the gallery) says what it is.
     """
     s = stats
     n_shown = len(s["x"])
+    header = " · ".join(p for p in (label, f"validation set ({len(s['labels']):,} images)") if p)
     made = {
         "decoder_atoms": figures.decoder_atoms(s["atoms"], s["freq"], n=n_atoms),
         "reconstructions": figures.reconstructions(
@@ -141,8 +143,7 @@ def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str
     }
     paths = []
     for kind, fig in made.items():
-        if label:
-            fig.suptitle(f"{label}\n{fig.get_suptitle()}")
+        fig.suptitle(f"{header}\n{fig.get_suptitle()}")
         path = Path(out_dir) / kind / f"epoch_{s['epoch']}.png"
         rgb = figures.figure_to_rgb(fig)  # draw once, for the PNG and for TensorBoard
         fig.clear()

@@ -46,6 +46,23 @@ def test_no_figures_before_the_end_by_default(mnist_small, tmp_path):
     assert sorted(p.name for p in (tmp_path / "decoder_atoms").iterdir()) == ["epoch_1.png"]
 
 
+def test_every_figure_names_the_run_and_the_validation_set(mnist_small, tmp_path, monkeypatch):
+    """The report's headline is the test set's; each figure says it is the validation set's."""
+    from sae import callbacks, figures
+
+    model = build_model(SAEConfig(model="l1", hidden=16), mnist_small.train_mean, 50.0)
+    stats = callbacks.validation_stats(model, mnist_small.val_x[:300], mnist_small.val_y[:300],
+                                       len(mnist_small.class_names))
+    titles, draw = [], figures.figure_to_rgb
+    monkeypatch.setattr(figures, "figure_to_rgb",
+                        lambda fig: titles.append(fig.get_suptitle()) or draw(fig))
+    callbacks.render_figures(stats, tmp_path, "mnist · l1 λ=0.01 · 16 units",
+                             mnist_small.class_names)
+    assert len(titles) == len(FIGURE_KINDS) - 1  # all but the feature browser's embedding
+    header = "mnist · l1 λ=0.01 · 16 units · validation set (300 images)\n"
+    assert all(title.startswith(header) for title in titles), titles
+
+
 def event_files(folder) -> list:
     return sorted(str(p) for p in folder.rglob("events.out.tfevents.*"))
 
