@@ -5,11 +5,14 @@
 Trains one short run (MNIST, the full 10 000-image test set, default settings but --max-steps)
 without its pages, then times each finishing step --repeats times on it, as ``sae.run`` runs them
 (``sae.training.finish``): the test metrics (with the training split's principal components,
-recomputed each repeat as a fresh run does), the feature browser (encoding, statistics, the code
-embedding, the page) and the report. It prints the median seconds of each and of their sum, and
-the code embedding alone at the current setting against the former one (2 000 codes, Barnes-Hut
-angle 0.5) with their ratio. The first repeat pays the imports (scikit-learn, pandas) as a run
-does; the median mostly does not.
+recomputed each repeat as a fresh run does), the feature browser (from the model, data and test
+codes in memory: statistics, the probe on training codes, the code and pixel embeddings, the
+page) and the report. It prints the median wall-clock and CPU seconds of each and of their sum:
+on a machine shared with other work the CPU seconds (all threads of this process) are the
+steadier measure, and with one thread (``OMP_NUM_THREADS=1``) they bound the wall-clock time on
+an idle core. Then the code embedding alone against the codes' and pixels' embeddings side by
+side (two threads). The first repeat pays the imports (scikit-learn, pandas) as a run does; the
+median mostly does not.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import time
 from pathlib import Path
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(wall-clock, CPU) seconds of ``fn()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
@@ -39,11 +43,10 @@ def main() -> None:
 
     from sae import data, runfolder
     from sae import run as sae_run
-    from sae.checkpoints import read_checkpoint
+    from sae.checkpoints import model_from_checkpoint, read_checkpoint
     from sae.evaluate import evaluate
-    from sae.features import build_features
-    from sae.figures.embedding import embed_codes
-    from sae.models import encode_dataset, model_from_checkpoint
+    from sae.features.build import write_features
+    from sae.figures.embedding import embed_codes, embed_many
     from sae.report import write_report
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,32 +60,33 @@ def main() -> None:
         model = model_from_checkpoint(read_checkpoint(out / "checkpoints" / "last.ckpt"))
         dm = data.ImageDataModule("mnist", args.data_dir)
         dm.load()
-        _, codes = encode_dataset(model, dm.test_x)
-        codes = codes.numpy()
+        _, codes = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
+        pixels = dm.test_x.numpy()
 
         def metrics():
             data._PCA.clear()  # a fresh run computes the training split's components once
             evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
 
         steps = {"test metrics": metrics,
-                 "feature browser": lambda: build_features(out, data_dir=args.data_dir),
+                 "feature browser": lambda: write_features(out, model, dm, test_codes=codes),
                  "report": lambda: write_report(out)}
-        embeddings = {"embedding now": lambda: embed_codes(codes),
-                      "embedding before": lambda: embed_codes(codes, 2000, angle=0.5)}
-        times: dict[str, list[float]] = {name: [] for name in [*steps, *embeddings]}
+        embeddings = {"codes alone": lambda: embed_codes(codes.numpy()),
+                      "codes + pixels": lambda: embed_many([codes.numpy(), pixels])}
+        times: dict[str, list[tuple[float, float]]] = {n: [] for n in [*steps, *embeddings]}
         for _ in range(args.repeats):  # interleaved: load from other processes hits all alike
             for name, fn in {**steps, **embeddings}.items():
                 times[name].append(timed(fn))
-                print(f"  {name}: {times[name][-1]:.2f} s", flush=True)
+                wall, cpu = times[name][-1]
+                print(f"  {name}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
 
-    median = {name: statistics.median(t) for name, t in times.items()}
-    print(f"\nmedian of {args.repeats} ({args.model}, {args.hidden} units, 10 000 test images):")
-    for name in steps:
-        print(f"  {name:<16} {median[name]:6.2f} s")
-    print(f"  {'total':<16} {sum(median[n] for n in steps):6.2f} s")
-    print(f"  code embedding: {median['embedding now']:.2f} s now, "
-          f"{median['embedding before']:.2f} s before "
-          f"(x{median['embedding before'] / median['embedding now']:.1f} faster)")
+    median = {name: tuple(statistics.median(t[i] for t in ts) for i in (0, 1))
+              for name, ts in times.items()}
+    print(f"\nmedian of {args.repeats} ({args.model}, {args.hidden} units, 10 000 test images, "
+          f"{os.environ.get('OMP_NUM_THREADS', 'all')} threads):  wall s   CPU s")
+    for name in [*steps, "total", *embeddings]:
+        wall, cpu = ((sum(median[n][i] for n in steps) for i in (0, 1)) if name == "total"
+                     else median[name])
+        print(f"  {name:<16} {wall:8.2f} {cpu:7.2f}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ Usage::
     python -m sae.report <run-folder>
 
 The page holds the run's config, its final test metrics, training curves drawn from
-``metrics.csv`` and the latest figure of each kind found under ``figures/<kind>/epoch_<E>.png``.
+``metrics.csv`` and the latest figure of each kind found under ``figures/<kind>/epoch_<E>.png``
+(or ``figures/<kind>/test_set.png``, a figure of the test set after training: the code
+embedding).
 The page is rendered by :mod:`sae.pages`: images inline as base64 ``data:`` URIs, CSS inline, no
 scripts and no external references, so it opens anywhere, offline, and can be mailed or archived
 alone.
@@ -53,7 +55,8 @@ FIGURE_KINDS = (
 _KIND_TEXT = {
     "code_embedding": (
         "Code embedding",
-        "t-SNE of 1 000 test codes, coloured by class: do codes of different classes separate?",
+        "t-SNE of 1 000 test inputs' codes beside the same inputs' raw pixels, coloured by "
+        "class: do the codes separate classes, better or worse than the pixels do?",
     ),
     "decoder_atoms": (
         "Decoder atoms",
@@ -132,6 +135,7 @@ _RUN_FACTS = {"model": "model", "dataset": "dataset", "lam": "λ", "seed": "seed
               "epochs": "epochs"}
 
 _EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
+TEST_SET_PNG = "test_set.png"  # a figure of the test set after training, not of an epoch
 
 class RunFolderError(Exception):
     """The given path is not a readable run folder."""
@@ -202,14 +206,18 @@ def _latest_epoch_png(kind_dir: Path) -> tuple[int, Path] | None:
     return best
 
 
-def latest_figures(run_dir: Path) -> list[tuple[str, int, Path]]:
-    """``(kind, epoch, path)`` of the latest figure of each kind, in display order."""
+def latest_figures(run_dir: Path) -> list[tuple[str, int | None, Path]]:
+    """``(kind, epoch, path)`` of the latest figure of each kind, in display order; epoch None
+    for a figure of the test set after training (``test_set.png``, preferred to an epoch's)."""
     root = Path(run_dir) / "figures"
     if not root.is_dir():
         return []
     found = {}
     for kind_dir in root.iterdir():
-        latest = _latest_epoch_png(kind_dir) if kind_dir.is_dir() else None
+        if not kind_dir.is_dir():
+            continue
+        test_set = kind_dir / TEST_SET_PNG
+        latest = (None, test_set) if test_set.is_file() else _latest_epoch_png(kind_dir)
         if latest is not None:
             found[kind_dir.name] = latest
     known = [k for k in FIGURE_KINDS if k in found]
@@ -419,7 +427,8 @@ def _figures_section(run_dir: Path, config: dict[str, object]):
         if not png.startswith(PNG_SIGNATURE):
             body = pages.missing(f"figures/{kind}/{path.name} is not a PNG file.")
         else:
-            where = f"Epoch {epoch} (figures/{kind}/{path.name}). {caption}".strip()
+            when = "The test set after training" if epoch is None else f"Epoch {epoch}"
+            where = f"{when} (figures/{kind}/{path.name}). {caption}".strip()
             body = pages.figure(png, heading, where)
         parts.append(pages.fragment('<h3 id="fig-{}">{}</h3>{}', kind, heading, body))
     return pages.join(parts)
@@ -523,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         _check_run_dir(args.run)
         with interruptible():
-            if (not args.no_figures and not latest_figures(args.run)
+            drawn = [e for _, e, _ in latest_figures(args.run) if e is not None]
+            if (not args.no_figures and not drawn
                     and (args.run / "checkpoints" / "last.ckpt").is_file()):
                 _draw_figures(args.run)
             path = write_report(args.run)

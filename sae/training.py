@@ -293,7 +293,7 @@ def finish(args: argparse.Namespace, config: SAEConfig, model, dm, trainer, wall
 
     out = Path(args.out)
     with status("test metrics"):
-        result, _ = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
+        result, codes = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
         result.update(last_epoch_change(read_validation(out / "metrics.csv")))
         result.update(wall_time_s=wall, steps=int(trainer.global_step),
                       epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
@@ -308,10 +308,10 @@ def finish(args: argparse.Namespace, config: SAEConfig, model, dm, trainer, wall
             if closing is not None:
                 closing()
     if not args.no_features:
-        from sae.features import build_features
+        from sae.features.build import write_features
 
-        with status("feature browser"):
-            build_features(out, data_dir=args.data_dir)
+        with status("feature browser"):  # from the model, data and codes in memory
+            write_features(out, model, dm, test_codes=codes)
     if not args.no_report:
         from sae.report import write_report
 

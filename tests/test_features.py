@@ -21,7 +21,7 @@ from PIL import Image
 
 from sae.features import feature_stats, render_features_page
 from sae.features.stats import attributions, band_examples, nearest_units, probe_weights
-from sae.figures.embedding import embed_codes, embedding_figure
+from sae.figures.embedding import embed_codes, embed_many, embedding_figure
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -252,16 +252,22 @@ def test_rare_units_do_not_rank_on_selectivity():
     assert "rare</td>" in page and "at least 20 test inputs" in page
 
 
-def test_probe_weights_vote_for_the_class_a_unit_fires_on():
+def test_probe_weights_vote_for_the_class_a_unit_fires_on_and_score_held_out_codes():
     rng = np.random.default_rng(0)
-    labels = np.arange(300) % 3
-    codes = (rng.random((300, 4)) * 0.1).astype(np.float32)
+    labels = np.arange(600) % 3
+    codes = (rng.random((600, 4)) * 0.1).astype(np.float32)
     codes[labels == 1, 0] += 2.0  # unit 0 marks class 1
     codes[labels == 2, 1] += 2.0  # unit 1 marks class 2
-    weights, accuracy = probe_weights(codes, labels, 3)
+    train, test = slice(0, 300), slice(300, 600)
+    weights, accuracy = probe_weights(codes[train], labels[train], codes[test], labels[test], 3)
     assert weights.shape == (4, 3)
     assert weights[0].argmax() == 1 and weights[1].argmax() == 2
     assert accuracy > 0.95
+    # scored on the test codes, not on those it was fitted on: test labels it cannot predict
+    # (shuffled) bring its accuracy to chance, whatever the fit
+    shuffled = rng.permutation(labels[test])
+    _, chance = probe_weights(codes[train], labels[train], codes[test], shuffled, 3)
+    assert chance < 0.5
 
 
 @pytest.mark.parametrize("bad", [
@@ -407,13 +413,30 @@ def test_embedding_figure_legend_and_degenerate_input():
     rng = np.random.default_rng(0)
     codes = rng.random((80, 12)).astype(np.float32)
     fig = embedding_figure(codes, np.arange(80) % 3, ["a", "b", "c"])
-    assert isinstance(fig, Figure)
-    legend = fig.axes[0].get_legend()
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == ["a", "b", "c"]
     small = embedding_figure(codes[:4], np.zeros(4, int))
     assert "too few" in " ".join(t.get_text() for t in small.axes[0].texts)
     with pytest.raises(ValueError):
         embedding_figure(codes, np.zeros(3, int))
+    with pytest.raises(ValueError):
+        embedding_figure(codes, np.zeros(80, int), pixels=codes[:40])
+
+
+def test_pixel_embedding_beside_the_codes_embeds_the_same_inputs():
+    rng = np.random.default_rng(1)
+    codes, pixels = rng.random((120, 12)), rng.random((120, 3, 4))
+    (code_points, code_index), (pixel_points, pixel_index) = embed_many([codes, pixels], 50)
+    assert np.array_equal(code_index, pixel_index)  # the same inputs in both panels
+    alone, index = embed_codes(pixels.reshape(120, -1), 50)
+    assert np.array_equal(index, pixel_index) and np.allclose(alone, pixel_points)
+    assert not np.allclose(code_points, pixel_points)
+    fig = embedding_figure(codes, np.arange(120) % 3, pixels=pixels, max_points=50)
+    assert [ax.get_title() for ax in fig.axes] == ["the SAE's codes",
+                                                   "the same inputs' raw pixels"]
+    in_class_0 = int((code_index % 3 == 0).sum())  # label i % 3 for input i
+    assert [len(ax.collections[0].get_offsets()) for ax in fig.axes] == [in_class_0] * 2
 
 
 # --------------------------------------------------------------------------- CLI
@@ -465,8 +488,16 @@ def test_cli_builds_the_page_of_a_trained_run(tmp_path, data_dir):
     page = (run / "features.html").read_text()
     assert all(f'id="unit-{j}"' in page for j in range(24))
     assert "300 test inputs" in page  # the run's limit_test
-    (png,) = (run / "figures" / "code_embedding").glob("epoch_*.png")
-    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "fitted on the codes of 512 training inputs" in page  # the run's limit_train
+    # the embedding has a name of its own, not a validation epoch's
+    (png,) = (run / "figures" / "code_embedding").iterdir()
+    assert png.name == "test_set.png" and png.read_bytes()[:4] == b"\x89PNG"
+    # ... so the report still draws the validation figures of a run that has none
+    report = subprocess.run([sys.executable, "-m", "sae.report", run], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert list((run / "figures" / "decoder_atoms").glob("epoch_*.png"))
+    assert "figures/code_embedding/test_set.png" in (run / "report.html").read_text()
     out = tmp_path / "elsewhere.html"
     result = run_features([run, "--out", out, "--max-inputs", "100"], tmp_path, data_dir)
     assert result.returncode == 0, result.stderr

@@ -135,6 +135,20 @@ def test_latest_epoch_and_kind_order(run_dir, pngs):
     assert positions == sorted(positions)
 
 
+def test_test_set_figure_is_named_apart_from_the_epochs(run_dir, pngs):
+    """The code embedding, drawn from the test set after training, is ``test_set.png``: the
+    report shows it (over an older run's ``epoch_<E>.png``) as the test set's, not an epoch's."""
+    kind = run_dir / "figures" / "code_embedding"
+    kind.mkdir()
+    (kind / "epoch_10.png").write_bytes(pngs["atoms-2"])
+    (kind / report.TEST_SET_PNG).write_bytes(pngs["atoms-9"])
+    latest = {k: (e, p.name) for k, e, p in report.latest_figures(run_dir)}
+    assert latest["code_embedding"] == (None, "test_set.png")
+    page = report.write_report(run_dir).read_text(encoding="utf-8")
+    assert b64(pngs["atoms-9"]) in page and b64(pngs["atoms-2"]) not in page
+    assert "The test set after training (figures/code_embedding/test_set.png)" in page
+
+
 def test_interrupted_run_without_metrics_or_figures(tmp_path):
     run = tmp_path / "interrupted"
     run.mkdir()

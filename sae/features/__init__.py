@@ -10,8 +10,8 @@ atom, its firing frequency, its activation histogram (with axes), the classes it
 how selective it is for one of them (ranked only from ``MIN_FIRINGS`` firings on), the classes
 it votes for in a linear probe, its nearest units by decoder cosine, its top activating test
 inputs and a few inputs from each quantile band of its firings, each with its attribution
-(which pixels drive the unit). A t-SNE of the test codes (:mod:`sae.figures.embedding`)
-closes the page, which links the run's ``report.html``.
+(which pixels drive the unit). A t-SNE of the test codes beside one of the same inputs' pixels
+(:mod:`sae.figures.embedding`) closes the page, which links the run's ``report.html``.
 
 Three layers, each usable alone, each its own module:
 
@@ -21,10 +21,11 @@ Three layers, each usable alone, each its own module:
   statistics and images in, one HTML string out, no network and no external references
   (sprite sheets inlined once, inline SVG), so a 512-unit page stays under 5 MB;
 - :func:`build_features` (``build.py``): a run folder in, ``features.html`` (and
-  ``figures/code_embedding/epoch_<E>.png`` (E: the checkpoint's epoch)) out.
+  ``figures/code_embedding/test_set.png``) out; :func:`write_features` the same from a model
+  and data already in memory (a run at its end).
 """
 
-from sae.features.build import build_features
+from sae.features.build import build_features, write_features
 from sae.features.page import render_features_page
 from sae.features.stats import (
     DENSE_LIMIT,
@@ -36,4 +37,4 @@ from sae.features.stats import (
 )
 
 __all__ = ["DENSE_LIMIT", "HIST_BINS", "MIN_FIRINGS", "N_TOP", "build_features", "feature_stats",
-           "probe_weights", "render_features_page"]
+           "probe_weights", "render_features_page", "write_features"]

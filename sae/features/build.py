@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from sae.features.page import render_features_page
 from sae.features.stats import feature_stats, probe_weights
 from sae.io import write_text
-from sae.report import RunFolderError
+from sae.report import TEST_SET_PNG, RunFolderError
 
-__all__ = ["build_features", "checked_run"]
+__all__ = ["EMBEDDING_PNG", "PROBE_TRAIN_INPUTS", "build_features", "checked_run",
+           "write_features"]
 
 
 def checked_run(run_dir: Path) -> tuple[dict, Path]:
@@ -45,18 +48,18 @@ def checked_run(run_dir: Path) -> tuple[dict, Path]:
     return config, ckpt
 
 
+PROBE_TRAIN_INPUTS = 10_000  # training inputs the probe is fitted on (as many as MNIST's test)
+EMBEDDING_PNG = Path("figures") / "code_embedding" / TEST_SET_PNG  # in the run folder
+
+
 def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
                    max_inputs: int | None = None, out: str | Path | None = None) -> Path:
     """Write a run's feature browser (default ``<run_dir>/features.html``) and return its path.
 
-    Loads ``checkpoints/last.ckpt``, reads the test split the run used (its ``dataset`` and
-    ``limit_test`` from ``config.yaml``; ``data_dir`` overrides the run's ``data_dir``, which
-    falls back to ``$SAE_DATA_DIR`` as in :func:`sae.data.load_arrays`), encodes it, computes
-    :func:`feature_stats` with the model's ``fire_threshold`` (and, for the one-layer SAE, its
-    encoder rows for the attributions), fits the probe of :func:`probe_weights`, saves the code
-    embedding as
-    ``figures/code_embedding/epoch_<E>.png`` (E: the checkpoint's epoch) and writes the page
-    atomically, linking the run's ``report.html`` by a relative path.
+    Loads ``checkpoints/last.ckpt`` and the run's data as it trained on them (its ``dataset``,
+    validation split, ``limit_train`` and ``limit_test`` from ``config.yaml``; ``data_dir``
+    overrides the run's ``data_dir``, which falls back to ``$SAE_DATA_DIR`` as in
+    :func:`sae.data.load_arrays`), then :func:`write_features`.
 
     Args:
         run_dir: a run folder written by ``python -m sae.run``.
@@ -66,51 +69,83 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
 
     Raises:
         RunFolderError: not a run folder, or no readable checkpoint.
-        sae.data.DataSourceError: the test split cannot be found.
+        sae.data.DataSourceError: the data cannot be found.
     """
     run_dir = Path(run_dir)
     config, ckpt = checked_run(run_dir)
 
     from sae.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
-    from sae.data import CLASS_NAMES, load_arrays, to_float
-    from sae.figures import save_png
-    from sae.figures.embedding import embedding_figure
-    from sae.models import encode_dataset
+    from sae.cli import defaults
+    from sae.data import ImageDataModule
 
-    dataset = str(config.get("dataset", "mnist"))
-    arrays = load_arrays(dataset, data_dir if data_dir is not None else config.get("data_dir"))
-    images, labels = arrays.test_images, arrays.test_labels
-    for limit in (config.get("limit_test"), max_inputs):
-        if limit:
-            images, labels = images[:int(limit)], labels[:int(limit)]
+    settings = {**defaults(), **config}
+    dm = ImageDataModule(str(settings["dataset"]),
+                         data_dir if data_dir is not None else settings.get("data_dir"),
+                         val_size=settings["val_size"], limit_train=settings.get("limit_train"),
+                         limit_test=settings.get("limit_test"))
+    dm.load()
     try:
-        state = read_checkpoint(ckpt)
-        model, epoch = model_from_checkpoint(state), int(state.get("epoch", 0))
+        model = model_from_checkpoint(read_checkpoint(ckpt))
     except (CheckpointError, OSError, RuntimeError, KeyError, ValueError) as exc:
         raise RunFolderError(f"cannot load {ckpt}: {exc}") from None
-    x = to_float(images)
-    _, codes = encode_dataset(model, x)
-    class_names = CLASS_NAMES.get(dataset, [str(c) for c in range(int(labels.max()) + 1)])
+    return write_features(run_dir, model, dm, max_inputs=max_inputs, out=out)
+
+
+def write_features(run_dir: Path, model, dm, test_codes=None, max_inputs: int | None = None,
+                   out: str | Path | None = None) -> Path:
+    """Write the feature browser of ``model`` (a trained SAE) on the loaded data module ``dm``
+    into run folder ``run_dir``; returns the page's path.
+
+    Encodes the test split (unless its codes ``test_codes`` [N, H] are given: a run at its end
+    has them), computes :func:`feature_stats` with the model's ``fire_threshold`` (and, for the
+    one-layer SAE, its encoder rows for the attributions), fits the probe of
+    :func:`probe_weights` on the codes of the first :data:`PROBE_TRAIN_INPUTS` inputs of the
+    training split and scores it on the test codes, saves the code embedding beside the same
+    inputs' pixel embedding as ``figures/code_embedding/test_set.png`` (its own name: drawn from
+    the test set after training, not at a validation epoch) and writes the page atomically,
+    linking the run's ``report.html`` by a relative path.
+    """
+    from sae.callbacks import run_label
+    from sae.figures import save_png
+    from sae.figures.embedding import embedding_figure
+    from sae.models import encode_codes
+
+    dataset, class_names = dm.dataset, dm.class_names
+    x, labels = dm.test_x, dm.test_y.numpy()
+    if test_codes is None:
+        test_codes = encode_codes(model, x)
+    if max_inputs:
+        x, labels, test_codes = x[:max_inputs], labels[:max_inputs], test_codes[:max_inputs]
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= len(class_names)):
         raise RunFolderError(f"the {dataset} test labels hold values outside 0-"
                              f"{len(class_names) - 1}; the data files are damaged")
+    codes, pixels = test_codes.numpy(), x.numpy()
     linear = model.config.arch == "linear"  # else the encoder does not act on pixels
-    stats = feature_stats(codes.numpy(), labels, x.numpy(), model.atoms().cpu().numpy(),
+    stats = feature_stats(codes, labels, pixels, model.atoms().cpu().numpy(),
                           model.fire_threshold, n_classes=len(class_names),
                           encoder=model.W_enc.detach().cpu().numpy() if linear else None,
                           centre=model.b_dec.detach().cpu().numpy() if linear else None)
-    stats["probe_weight"], stats["probe_accuracy"] = probe_weights(codes.numpy(), labels,
-                                                                   len(class_names))
-    figure = save_png(embedding_figure(codes.numpy(), labels, class_names),
-                      run_dir / "figures" / "code_embedding" / f"epoch_{epoch}.png")
+    train_codes = encode_codes(model, dm.train_x[:PROBE_TRAIN_INPUTS])
+    stats["probe_weight"], stats["probe_accuracy"] = probe_weights(
+        train_codes.numpy(), dm.train_y[:PROBE_TRAIN_INPUTS].numpy(), codes, labels,
+        len(class_names))
+    stats["probe_train_inputs"] = np.asarray(len(train_codes))
+    figure = embedding_figure(codes, labels, class_names, pixels=pixels)
+    figure.suptitle(f"{run_label(model.config, dataset)}\n{figure.get_suptitle()}")
+    png = save_png(figure, run_dir / EMBEDDING_PNG)
     name = run_dir.resolve().name
     subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
-                f"checkpoint {ckpt.relative_to(run_dir)}")
+                "checkpoint checkpoints/last.ckpt")
     target = Path(out) if out is not None else run_dir / "features.html"
     report = run_dir / "report.html"
     href = Path(os.path.relpath(report.resolve(), target.resolve().parent)).as_posix()
+    images = pixels.reshape(len(pixels), *_image_shape(pixels.shape[1]))
     page = render_features_page(stats, images, name, class_names, subtitle,
-                                embedding_png=figure.read_bytes(),
-                                report=(href, report.is_file()))
+                                embedding_png=png.read_bytes(), report=(href, report.is_file()))
     write_text(target, page)
     return target
+
+
+def _image_shape(d: int) -> tuple[int, int]:
+    side = int(round(d ** 0.5))
+    return (side, side) if side * side == d else (1, d)

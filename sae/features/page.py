@@ -300,7 +300,8 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
 
     Args:
         stats: :func:`feature_stats` output, optionally with ``probe_weight`` [H, C] and
-            ``probe_accuracy`` (:func:`sae.features.stats.probe_weights`).
+            ``probe_accuracy`` (:func:`sae.features.stats.probe_weights`) and
+            ``probe_train_inputs`` (the number of training codes it was fitted on).
         images: ``[N, h, w]`` the evaluated inputs, uint8 or floats in [0, 1]; row ``i`` is the
             input ``stats["top_index"]`` calls ``i``. Atoms are drawn at the same ``h × w``.
         title: page heading (the run's name).
@@ -353,9 +354,12 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
                f"{threshold:g}. Mean L0 {l0:.3g}; {dead:,} dead (never fire), {dense:,} dense "
                f"(fire on more than half of the inputs).")
     if "probe_accuracy" in stats:
-        summary += (f" A softmax linear probe on these codes classifies "
-                    f"{100 * float(stats['probe_accuracy']):.1f} % of them correctly; each unit "
-                    f"lists the classes its weights favour (per standard deviation of the unit).")
+        fitted = (f"the codes of {int(stats['probe_train_inputs']):,} training inputs"
+                  if "probe_train_inputs" in stats else "training codes")
+        summary += (f" A softmax linear probe fitted on {fitted} classifies "
+                    f"{100 * float(stats['probe_accuracy']):.1f} % of these test inputs "
+                    f"correctly; each unit lists the classes its weights favour (per standard "
+                    f"deviation of the unit).")
     embedding = inline_png(embedding_png, "code embedding by class") if embedding_png else None
     return _ENV.get_template("features.html.j2").render(
         title=title, subtitle=subtitle, summary=summary, base_css=Markup(PAGE_CSS),

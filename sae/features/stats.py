@@ -301,24 +301,27 @@ def _quantised(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.round(values / safe * 127).astype(np.int8), scale
 
 
-def probe_weights(codes: np.ndarray, labels: np.ndarray, n_classes: int
-                  ) -> tuple[np.ndarray, float]:
+def probe_weights(train_codes: np.ndarray, train_labels: np.ndarray, test_codes: np.ndarray,
+                  test_labels: np.ndarray, n_classes: int) -> tuple[np.ndarray, float]:
     """How each unit votes in a softmax linear probe on the codes: ``[H, C]`` weights and the
-    probe's accuracy.
+    probe's test accuracy.
 
-    The probe (:func:`sae.metrics.linear_probes`) is fitted and scored on the same codes, as it
-    only explains the units, and its weights are those of the standardised codes (the raw
-    weight times the unit's standard deviation) so that units of different scales compare: a
-    weight is how much one standard deviation of the unit raises that class's logit. A unit
-    that never varies gets 0.
+    The probe (:func:`sae.metrics.linear_probes`) is fitted on codes of training inputs and
+    scored on the test codes, so its accuracy is what it is for a probe (not a fit to the very
+    inputs it is scored on). Its weights are those of the standardised codes (the raw weight
+    times the unit's standard deviation over the training codes) so that units of different
+    scales compare: a weight is how much one standard deviation of the unit raises that class's
+    logit. A unit that never varies gets 0.
     """
     import torch
 
     from sae.metrics import linear_probes
 
-    codes = np.asarray(codes, dtype=np.float32)
-    features, target = torch.from_numpy(codes), torch.from_numpy(np.asarray(labels, np.int64))
-    probe = linear_probes(features, target, features, target, losses=("softmax",),
-                          n_classes=n_classes)["softmax"]
-    weights = probe.weight.double().numpy() * codes.std(0, dtype=np.float64)[:, None]
+    train_codes = np.asarray(train_codes, dtype=np.float32)
+    probe = linear_probes(torch.from_numpy(train_codes),
+                          torch.from_numpy(np.asarray(train_labels, np.int64)),
+                          torch.from_numpy(np.asarray(test_codes, dtype=np.float32)),
+                          torch.from_numpy(np.asarray(test_labels, np.int64)),
+                          losses=("softmax",), n_classes=n_classes)["softmax"]
+    weights = probe.weight.double().numpy() * train_codes.std(0, dtype=np.float64)[:, None]
     return weights.astype(np.float32), float(probe.test_accuracy)

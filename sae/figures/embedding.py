@@ -2,8 +2,10 @@
 
 :func:`embed_codes` maps codes ``[N, H]`` to points ``[n, 2]`` with t-SNE (scikit-learn) on a
 fixed, seeded subset of at most 1 000 codes; :func:`embedding_figure` draws them, one colour per
-class. Like the other figure modules this is a pure function (arrays in,
-``matplotlib.figure.Figure`` out) styled by ``sae.figures.common.styled``.
+class, beside the same t-SNE of the same inputs' raw pixels when given them: whether the code
+separates classes better or worse than the pixels it was trained on is what the picture is for.
+Like the other figure modules this is a pure function (arrays in, ``matplotlib.figure.Figure``
+out) styled by ``sae.figures.common.styled``.
 
 Why t-SNE and these settings: PCA of sparse codes mostly shows the few most frequent units, while
 t-SNE keeps neighbourhoods, which is what "do classes separate" asks. The codes are first reduced
@@ -15,7 +17,9 @@ picture). The figure is drawn at the end of every run, so its cost is kept to a 
 Barnes-Hut approximation (``angle`` 0.8 instead of 0.5) cost about a third of 2 000 codes at the
 default angle (README, "The terminal"). scikit-learn's OpenMP threads are limited to one: its
 runtime and PyTorch's each start a thread per core, and on a busy 2-core machine their
-spin-waiting made t-SNE several times slower.
+spin-waiting made t-SNE several times slower. The codes' and the pixels' embeddings run side by
+side in two threads instead (scikit-learn's Barnes-Hut gradient releases the GIL), so on two cores
+the comparison costs no more time than the codes alone.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from matplotlib.figure import Figure
 
 from sae.figures.common import empty_note, styled
 
-__all__ = ["EMBED_ANGLE", "EMBED_MAX_POINTS", "embed_codes", "embedding_figure"]
+__all__ = ["EMBED_ANGLE", "EMBED_MAX_POINTS", "embed_codes", "embed_many", "embedding_figure"]
 
 EMBED_MAX_POINTS = 1000  # codes embedded at most: t-SNE time grows faster than linearly
 EMBED_ANGLE = 0.8  # Barnes-Hut trade-off: larger is faster and coarser (scikit-learn: 0.5)
@@ -39,7 +43,7 @@ def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS, seed: int
     """t-SNE of a seeded random subset of codes.
 
     Args:
-        codes: ``[N, H]`` code activations (test set).
+        codes: ``[N, H]`` code activations (test set), or any ``[N, *]`` rows (pixels).
         max_points: embed at most this many codes (a uniform random subset without replacement).
         seed: seed of the subset and of t-SNE, so the same run gives the same picture.
         angle: Barnes-Hut's accuracy trade-off (scikit-learn's ``angle``; larger: faster).
@@ -53,6 +57,7 @@ def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS, seed: int
     from threadpoolctl import threadpool_limits
 
     codes = np.asarray(codes, dtype=np.float32)
+    codes = codes.reshape(len(codes), -1)  # images [N, h, w] as rows of pixels
     n = min(len(codes), int(max_points))
     if n < _MIN_POINTS:
         return np.zeros((0, 2)), np.zeros(0, dtype=np.int64)
@@ -69,11 +74,35 @@ def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS, seed: int
         return tsne.fit_transform(data), index
 
 
+def embed_many(arrays: list[np.ndarray], max_points: int = EMBED_MAX_POINTS, seed: int = 0,
+               angle: float = EMBED_ANGLE) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`embed_codes` of several ``[N, *]`` arrays of the same N inputs, one thread each:
+    the same subset of rows (the subset depends on N and ``seed`` only), each result equal to
+    its own :func:`embed_codes` call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, len(arrays))) as pool:
+        return list(pool.map(lambda a: embed_codes(a, max_points, seed, angle), arrays))
+
+
+def _scatter(ax, points: np.ndarray, shown: np.ndarray, names: list[str], colours) -> None:
+    for c, name in enumerate(names):
+        mask = shown == c
+        if mask.any():
+            ax.scatter(points[mask, 0], points[mask, 1], s=6, alpha=0.75, linewidths=0,
+                       color=colours(c % colours.N), label=name)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel("t-SNE 1")
+    ax.set_ylabel("t-SNE 2")
+
+
 @styled
 def embedding_figure(codes: np.ndarray, labels: np.ndarray,
                      class_names: list[str] | None = None, max_points: int = EMBED_MAX_POINTS,
-                     seed: int = 0) -> Figure:
-    """Scatter plot of a t-SNE embedding of test codes, one colour per class.
+                     seed: int = 0, pixels: np.ndarray | None = None) -> Figure:
+    """Scatter plot of a t-SNE embedding of test codes, one colour per class, beside the same
+    embedding of the same inputs' pixels when ``pixels`` is given.
 
     Args:
         codes: ``[N, H]`` code activations.
@@ -81,36 +110,43 @@ def embedding_figure(codes: np.ndarray, labels: np.ndarray,
         class_names: name of each class (legend); default: the class index.
         max_points: embed at most this many codes (see :func:`embed_codes`).
         seed: subset and t-SNE seed.
+        pixels: ``[N, D]`` the inputs the codes were made from: a second panel embeds the same
+            subset of them by the same method, for comparison.
 
     Codes of one class forming their own islands means the code separates the classes without
-    being trained on labels; a single blob means it does not.
+    being trained on labels; a single blob means it does not. Beside the pixels' panel, islands
+    the pixels already form are told apart from what the code adds or loses.
     """
     labels = np.asarray(labels).ravel()
     codes = np.asarray(codes)
     if len(labels) != len(codes):
         raise ValueError(f"{len(codes)} codes but {len(labels)} labels")
-    points, index = embed_codes(codes, max_points, seed)
-    fig = Figure(figsize=(7.2, 5.6), layout="constrained")
-    ax = fig.add_subplot()
+    if pixels is not None:
+        pixels = np.asarray(pixels).reshape(len(pixels), -1)
+        if len(pixels) != len(codes):
+            raise ValueError(f"{len(codes)} codes but {len(pixels)} pixel rows")
+    sources = [codes] if pixels is None else [codes, pixels]
+    embedded = embed_many(sources, max_points, seed)
+    fig = Figure(figsize=(7.2 if pixels is None else 12.0, 5.6), layout="constrained")
+    axes = fig.subplots(1, len(sources), squeeze=False)[0]
+    points, index = embedded[0]
     if len(points) == 0:
         fig.suptitle("t-SNE of test codes")
-        empty_note(ax, f"only {len(codes)} codes: too few to embed")
+        for ax in axes:
+            empty_note(ax, f"only {len(codes)} codes: too few to embed")
         return fig
-    fig.suptitle(f"t-SNE of {len(points):,} test codes (of {len(codes):,}), coloured by class")
+    what = "their codes" if pixels is None else "their codes (left) and raw pixels (right)"
+    fig.suptitle(f"t-SNE of {len(points):,} of the {len(codes):,} test inputs, coloured by "
+                 f"class: {what}")
     shown = labels[index]
     n_classes = max(int(labels.max()) + 1, len(class_names or []))
     names = list(class_names or []) + [str(c) for c in range(len(class_names or []), n_classes)]
     colours = mpl.colormaps["tab10" if n_classes <= 10 else "tab20"]
-    for c in range(n_classes):
-        mask = shown == c
-        if mask.any():
-            ax.scatter(points[mask, 0], points[mask, 1], s=6, alpha=0.75, linewidths=0,
-                       color=colours(c % colours.N), label=names[c])
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_xlabel("t-SNE 1")
-    ax.set_ylabel("t-SNE 2")
-    ax.legend(title="class", loc="center left", bbox_to_anchor=(1.0, 0.5), markerscale=2.5,
-              frameon=False)
+    titles = ["the SAE's codes", "the same inputs' raw pixels"]
+    for ax, (pts, _), title in zip(axes, embedded, titles, strict=False):
+        _scatter(ax, pts, shown, names, colours)
+        if pixels is not None:
+            ax.set_title(title)
+    fig.legend(*axes[0].get_legend_handles_labels(), title="class", loc="outside right center",
+               markerscale=2.5, frameon=False)
     return fig
-
