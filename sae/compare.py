@@ -95,10 +95,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sae.cli import OneLineParser, path_arg
+from sae.cli import OneLineParser, UsageError, path_arg
 from sae.io import copy_file, find_link, write_text
 from sae.process import EXIT_USAGE, STOPS, interrupted, raise_terminated, stop_code, stop_word
-from sae.run import UsageError
 from sae.sweep.launch import (
     check_folders,
     lock,
