@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 
 from sae.cli import OneLineParser, UsageError
+from sae.config import DATASETS
 from sae.io import UnsafePathError, copy_file, read_bytes, read_text, write_text
 from sae.process import interrupted
 
-DATASETS = ("mnist", "fashion-mnist")
 MODELS = ("sparsemax", "kl", "l1", "topk", "batchtopk", "jumprelu")
 KINDS = ("decoder_atoms", "activation_frequency", "class_unit_heatmap", "sparsity_histogram")
 

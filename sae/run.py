@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sae.cli import UsageError, build_parser, run_config, unused_flags, write_config
 from sae.config import RunConfig
+from sae.metric_defs import summary_line
 from sae.process import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -209,9 +210,7 @@ def _train(config: RunConfig, out: Path, created: bool, primary: bool, say) -> i
         say(f"error: cannot write to the run folder {out}: {e.strerror or e}")
         return EXIT_FAILED
     if result:
-        print(" ".join(f"{k}={result[k]:.4g}" for k in
-                       ("mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
-                        "wall_time_s") if isinstance(result.get(k), int | float)))
+        print(summary_line(result))
         if result.get("converged") is False:
             print(f"note: validation FVU moved {100 * result['val_fvu_change']:.1f} % and L0 "
                   f"{100 * result['val_l0_change']:.1f} % in the last epoch: not converged "
