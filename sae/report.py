@@ -31,7 +31,7 @@ from sae import pages
 from sae.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.io import read_bytes, read_text, write_text
 from sae.metric_defs import METRICS
-from sae.process import STOPS, interrupted, interruptible
+from sae.process import EXIT_USAGE, STOPS, interrupted, interruptible
 from sae.variants import VARIANTS, Variant, models_using
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             path = write_report(args.run)
     except (UsageError, RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except STOPS as exc:  # report.html is written atomically: never half of one
         return interrupted(exc)
     print(path)
