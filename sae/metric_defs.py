@@ -64,8 +64,9 @@ METRICS: tuple[Metric, ...] = (
            ".2f", better="higher"),
     Metric("wall_time_s", "train time", "training wall-clock time in seconds", ".0f",
            unit=" s", printed=True),
-    Metric("probe_accuracy", "probe acc. %", "test accuracy of the softmax (cross-entropy) "
-           "probe, log Σ_j exp z_j − z_y", ".2f", 100.0, better="higher", group="sweep"),
+    Metric("probe_accuracy", "probe acc. %", "test accuracy of a linear classifier fitted on "
+           "the training split's codes with the softmax (cross-entropy) loss, log Σ_j exp z_j − "
+           "z_y", ".2f", 100.0, better="higher", group="sweep"),
     Metric("probe_sparsemax_accuracy", "sparsemax probe %", "test accuracy of the "
            "sparsemax-loss probe (Martins & Astudillo, 2016), ½ Σ_{j∈S} (z_j² − τ²) + ½ − z_y "
            "with S, τ the support and threshold of sparsemax(z): zero once the true class leads "

@@ -20,8 +20,8 @@ from sae.metric_defs import METRIC
 from sae.sweep.aggregate import PROBE_METRICS, config_label, is_finite_number
 from sae.sweep.matching import criteria, headline, matched_label, verdict
 
-__all__ = ["best_cells", "format_criterion", "headline_display", "kl_display", "summary_display",
-           "to_html", "to_markdown", "verdict_display"]
+__all__ = ["SUMMARY_COLUMNS", "best_cells", "format_criterion", "headline_display", "kl_display",
+           "summary_display", "to_html", "to_markdown", "verdict_display"]
 
 _NAN = float("nan")
 
@@ -91,14 +91,15 @@ def _converged(mean: float, n_seeds: int) -> str:
     return f"{round(mean * n_seeds)}/{n_seeds}" if is_finite_number(mean) else "–"
 
 
-# the summary table's metric columns, in order; heading, format, scale and unit of each are the
-# metric's own (sae.metric_defs): column heading -> (metric, number format, scale, unit)
+# the summary table's metric columns, in order
+SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
+                   "dense_fraction", "probe_accuracy", "probe_sparsemax_accuracy",
+                   "probe_sparsemax_classes", "recon_bias", "support_fvu", "adaptive_gain",
+                   "adaptivity", "wall_time_s")
+# heading, format, scale and unit of each are the metric's own (sae.metric_defs):
+# column heading -> (metric, number format, scale, unit)
 _SUMMARY_CELLS = {METRIC[name].label: (name, METRIC[name].fmt, METRIC[name].scale,
-                                       METRIC[name].unit)
-                  for name in ("mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
-                               "dense_fraction", "probe_accuracy", "probe_sparsemax_accuracy",
-                               "probe_sparsemax_classes", "recon_bias", "support_fvu",
-                               "adaptive_gain", "adaptivity", "wall_time_s")}
+                                       METRIC[name].unit) for name in SUMMARY_COLUMNS}
 
 
 def summary_display(summary: pd.DataFrame, dataset: str,
