@@ -10,7 +10,7 @@ Sections: :class:`SAEConfig` is what the model needs (it is stored in checkpoint
 :class:`TrainConfig`, :class:`DataConfig`, :class:`OutputConfig` and :class:`HardwareConfig`
 the rest of a run; :class:`RunFolderConfig` the command-line-only settings that say which folder
 to use and how. :class:`RunConfig` nests one of each: a run's settings, typed, as the settings
-layer (:func:`sae.cli.run_config`) builds them once and training, sweeps and reports read them.
+layer (:func:`sae.cli.run_config`) builds them once and training and sweeps read them.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ class RunConfig:
     """One run's settings, typed: a section dataclass each (as ``SECTIONS``).
 
     Built once from the layered flat settings (``{field name: value}``, :mod:`sae.cli`) and
-    passed as it is to training, sweeps and reports; :meth:`settings` gives the flat form back
+    passed as it is to training and sweeps; :meth:`settings` gives the flat form back
     (what ``config.yaml`` is written from).
     """
 
