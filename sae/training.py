@@ -110,12 +110,12 @@ def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks:
 
     from sae.checkpoints import SafeCheckpointIO
 
-    train, hw, progress = config.train, config.hardware, config.output.progress
+    training, hw, progress = config.train, config.hardware, config.output.progress
     val_interval, val_every_epochs = 1.0, 1
-    if train.max_steps is not None and train.max_steps < steps_per_epoch:
+    if training.max_steps is not None and training.max_steps < steps_per_epoch:
         # still validate (and checkpoint) before stopping; counted in steps across epochs, as
         # DDP ranks see shorter epochs
-        val_interval, val_every_epochs = train.max_steps, None
+        val_interval, val_every_epochs = training.max_steps, None
     show_progress = progress == "on" or (progress == "auto" and sys.stderr.isatty())
     if show_progress:
         from sae.callbacks import ProgressBar
@@ -127,9 +127,10 @@ def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks:
         callbacks = [*callbacks, EpochLines()]
     try:
         return L.Trainer(
-            max_epochs=train.epochs, max_steps=train.max_steps or -1, accelerator=hw.accelerator,
+            max_epochs=training.epochs, max_steps=training.max_steps or -1,
+            accelerator=hw.accelerator,
             devices=hw.devices, strategy=hw.strategy, num_nodes=hw.num_nodes,
-            precision=hw.precision, gradient_clip_val=train.grad_clip or None,
+            precision=hw.precision, gradient_clip_val=training.grad_clip or None,
             gradient_clip_algorithm="norm", logger=loggers, callbacks=callbacks,
             plugins=[SafeCheckpointIO(preloaded)],
             log_every_n_steps=min(config.output.log_every, steps_per_epoch),
@@ -294,18 +295,18 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:
     from sae.evaluate import evaluate
     from sae.io import write_json
 
-    out, sae, train = Path(config.folder.out), config.sae, config.train
+    out, sae, training = Path(config.folder.out), config.sae, config.train
     with status("test metrics"):
         result, _ = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
         result.update(last_epoch_change(read_validation(out / "metrics.csv")))
         result.update(wall_time_s=wall, steps=int(trainer.global_step),
                       epochs=int(trainer.current_epoch), model=sae.model, lam=sae.lam,
-                      dataset=config.data.dataset, seed=train.seed, hidden=sae.hidden,
+                      dataset=config.data.dataset, seed=training.seed, hidden=sae.hidden,
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
         write_json(out / "metrics.json", result)
-        params = {**asdict(sae), "dataset": config.data.dataset, "seed": train.seed,
-                  "epochs": train.epochs, "max_steps": train.max_steps,
-                  "batch_size": train.batch_size}
+        params = {**asdict(sae), "dataset": config.data.dataset, "seed": training.seed,
+                  "epochs": training.epochs, "max_steps": training.max_steps,
+                  "batch_size": training.batch_size}
         log_test_hparams(trainer.loggers, params, result, step=int(trainer.global_step))
         for logger in trainer.loggers:
             closing = getattr(logger, "close", None)
