@@ -60,7 +60,8 @@ METRICS: tuple[Metric, ...] = (
            "supports are the same)", better="higher"),
     Metric("adaptivity", "adaptivity", "Spearman correlation over test inputs between an "
            "input's L0 and its difficulty, the energy left after projecting it onto the top-m "
-           "principal components of the training set (m = round(mean L0), recorded as adaptivity_m)",
+           "principal components of the training set (m = round(mean L0), recorded as "
+           "adaptivity_m)",
            ".2f", better="higher"),
     Metric("wall_time_s", "train time", "training wall-clock time in seconds", ".0f",
            unit=" s", printed=True),
