@@ -33,8 +33,8 @@ import torch
 
 from sae.config import TrainConfig
 from sae.data import ImageDataModule
-from sae.guards import NonFiniteLossGuard
 from sae.models import MODELS, SAEConfig, build_model, training_callbacks
+from sae.models.guards import NonFiniteLossGuard
 from sae.training import quiet_lightning
 
 

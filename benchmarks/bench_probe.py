@@ -25,19 +25,12 @@ from pathlib import Path
 
 import torch
 
+from sae.checkpoints import load_checkpoint
 from sae.data import ImageDataModule
-from sae.metrics import (
-    PROBE_LOSSES,
-    ProbeResult,
-    _accuracy,
-    _column_mean_std,
-    _flat,
-    _support,
-    linear_probe,
-    linear_probes,
-    probe_loss,
-)
-from sae.models import encode_dataset, load_checkpoint
+from sae.metrics import PROBE_LOSSES, ProbeResult, linear_probe, linear_probes, probe_loss
+from sae.metrics.basic import _column_mean_std, _flat
+from sae.metrics.probes import _accuracy, _support
+from sae.models import encode_dataset
 
 # --------------------------------------------------------------------------------------------------
 # the previous solver, kept here for the comparison only

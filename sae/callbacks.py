@@ -17,6 +17,7 @@ import lightning.pytorch as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from sae import figures, metrics
@@ -25,11 +26,10 @@ from sae.config import FIXED_BUDGET
 
 
 def write_png(rgb: np.ndarray, path: Path) -> None:
-    """Write an RGB array [H, W, 3] as a PNG, atomically (readers never see half a file)."""
+    """Write an RGB array [H, W, 3] as a PNG, atomically (readers never see half a file), in
+    full colour: a page that embeds it makes it a palette PNG only where that is lossless
+    (``sae.pages.palette_png``)."""
     sae_io.write_png(path, rgb)
-
-FIGURE_KINDS = ("decoder_atoms", "reconstructions", "sparsity_histogram",
-                "activation_frequency", "class_unit_heatmap", "feature_density")
 
 
 class FigureCallback(L.Callback):
@@ -179,12 +179,11 @@ def validation_stats(model, x: torch.Tensor, y: torch.Tensor, n_classes: int,
 def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     """Draw a finished run's figures from its ``checkpoints/last.ckpt`` on its own validation
     split (what a sweep run skips while the sweep trains); returns the PNGs written."""
-    from sae.checkpoints import read_checkpoint
+    from sae.checkpoints import model_from_checkpoint, read_checkpoint
     from sae.cli import defaults, read_settings_file
     from sae.config import SAEConfig
     from sae.convergence import read_validation
     from sae.data import ImageDataModule
-    from sae.models import model_from_checkpoint
 
     run_dir = Path(run_dir)
     settings = {**defaults(), **read_settings_file(run_dir / "config.yaml")}
@@ -202,6 +201,16 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     config = SAEConfig.from_dict(state["hyper_parameters"]["config"])
     return render_figures(stats, run_dir / "figures", run_label(config, settings["dataset"]),
                           dm.class_names)
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's progress bar without ``v_num`` (the logger's version: a run folder has one
+    session name per start, which says nothing while training)."""
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
 
 
 class EpochLines(L.Callback):
@@ -229,15 +238,143 @@ class EpochSeed(L.Callback):
     A checkpoint does not hold the generator's state, so without this the randomness of an epoch
     (dead-unit resampling) would depend on whether the run was resumed before it; with it (and
     ``sae.data.EpochShuffle`` for the order of the batches) a run resumed at an epoch boundary
-    trains exactly as one never stopped.
+    trains exactly as one never stopped. Its state in a checkpoint is the epoch, the batches of
+    it done and the generator's state: resumed mid-epoch (a run stopped by a signal,
+    :class:`StopOnSignal`), the epoch goes on from that generator state and the rest of the
+    epoch's data order instead of starting over from the epoch's seed.
     """
 
     def __init__(self, seed: int):
         self.seed = seed
+        self.epoch, self.batches = 0, 0  # the epoch in progress and its completed batches
+        self._resume: tuple[int, torch.Tensor] | None = None  # (epoch, generator state)
+        self._continued: int | None = None  # the epoch a mid-epoch resume went on with
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # resumed mid-epoch: the generator and the data order go on where they stopped. Done
+        # here, once the checkpoint is read and before the first batch is drawn: Lightning does
+        # not start a resumed epoch again (no on_train_epoch_start), and restores a loader's
+        # own position only when the loader is made after the checkpoint is read (the models
+        # make it earlier, to count the run's steps)
+        from sae.data import EpochShuffle
+
+        resume, self._resume = self._resume, None
+        if resume is None or resume[0] != trainer.current_epoch:
+            return
+        torch.set_rng_state(resume[1])
+        loader = trainer.train_dataloader
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, EpochShuffle):
+            sampler.load_state_dict({"epoch": resume[0],
+                                     "served": self.batches * loader.batch_size})
+        self._continued = resume[0]
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        state = np.random.SeedSequence([self.seed, trainer.current_epoch, 1]).generate_state(2)
+        epoch = trainer.current_epoch
+        if self._continued == epoch:  # in case Lightning starts the resumed epoch after all
+            self._continued = None
+            return
+        state = np.random.SeedSequence([self.seed, epoch, 1]).generate_state(2)
         torch.manual_seed(int(state[0]) << 32 | int(state[1]))
+        self.epoch, self.batches = epoch, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches = batch_idx + 1
+
+    def state_dict(self) -> dict:
+        # the generator's state matters only mid-epoch: at an epoch's end the next epoch seeds
+        return {"epoch": self.epoch, "batches": self.batches, "rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        rng, epoch, batches = state.get("rng"), state.get("epoch"), state.get("batches")
+        reference = torch.get_rng_state()
+        if (isinstance(rng, torch.Tensor) and rng.dtype == reference.dtype
+                and rng.shape == reference.shape and isinstance(epoch, int)
+                and isinstance(batches, int) and batches > 0):
+            self._resume = (epoch, rng.clone())
+            self.epoch, self.batches = epoch, batches
+
+
+class StopRequested(BaseException):  # noqa: N818 (a request, like KeyboardInterrupt)
+    """Raised by :class:`StopOnSignal` once the run's state is saved; ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopOnSignal(L.Callback):
+    """Ctrl-C (SIGINT) or SIGTERM during training: finish the training step in progress, save
+    ``checkpoint`` (the state after that step, data position and generator included) and stop
+    by raising :class:`StopRequested`, so that ``--resume`` goes on exactly from there. It must
+    be the last of the run's callbacks: their work at the step's end is part of the step.
+
+    A signal that arrives while the last step of an epoch or its validation runs lets that
+    validation finish (and its checkpoint be written) before the stop, as a checkpoint taken
+    mid-validation would resume into a second validation of the same step. A second signal
+    stops at once, as without this callback (the handlers in place before training run).
+    """
+
+    def __init__(self, checkpoint: Path):
+        self.checkpoint = Path(checkpoint)
+        self.signum: int | None = None  # the first signal received
+        self._previous: dict = {}
+        self._saved_step = -1  # the step of the last checkpoint written
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+
+        if self.signum is not None:  # a second signal: the usual, immediate stop
+            previous = self._previous.get(signum)
+            signal.signal(signum, previous)
+            if callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # after Lightning installed its own SIGTERM handler (after on_fit_start), which would
+        # stop mid-validation
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        import signal
+
+        for signum, previous in self._previous.items():
+            if previous is not None:
+                signal.signal(signum, previous)
+        self._previous = {}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._saved_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.signum is None:
+            return
+        last_of_epoch = batch_idx + 1 >= trainer.num_training_batches
+        last_of_run = 0 < trainer.max_steps <= trainer.global_step
+        if last_of_epoch or last_of_run:  # validation (and its checkpoint) or the end follows
+            return
+        # Lightning steps per-step learning-rate schedules after this hook: do it first, so
+        # that the checkpoint holds the state the next step would have started from
+        for config in trainer.lr_scheduler_configs:
+            if (config.interval == "step" and not config.reduce_on_plateau
+                    and (batch_idx + 1) % config.frequency == 0):
+                pl_module.lr_scheduler_step(config.scheduler, None)
+        trainer.save_checkpoint(self.checkpoint)
+        raise StopRequested(self.signum)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # a stop put off by a validation: its checkpoint (written at the validation's or the
+        # epoch's end) is of the last step; otherwise the step runs and its end stops
+        if self.signum is not None and self._saved_step == trainer.global_step:
+            raise StopRequested(self.signum)
 
 
 def _tensorboards(trainer) -> list[TensorBoardLogger]:
@@ -259,7 +396,12 @@ def _hparam(value: object) -> object:
     return str(value)
 
 
-def log_test_hparams(loggers, params: dict, result: dict) -> dict[str, float]:
+# numbers of metrics.json that describe the run or the measurement, not the model's quality
+NOT_METRICS = frozenset({"steps", "epochs", "n_units", "n_samples", "n_inputs", "adaptivity_m",
+                         "fire_threshold"})
+
+
+def log_test_hparams(loggers, params: dict, result: dict, step: int = 0) -> dict[str, float]:
     """Record a run's settings with its final test metrics for TensorBoard's HParams view.
 
     Args:
@@ -267,17 +409,20 @@ def log_test_hparams(loggers, params: dict, result: dict) -> dict[str, float]:
         params: the settings, one value per name (nested mappings are not expected).
         result: the final test metrics (metrics.json); its finite numbers become the
             ``test/<name>`` metrics, except entries that are settings (names in ``params``:
-            metrics.json repeats λ, the seed, the width).
+            metrics.json repeats λ, the seed, the width) and counts that are no measure of
+            the model (:data:`NOT_METRICS`: steps, units, inputs, the firing threshold).
+        step: the training step the metrics belong to (the run's last), so that they sit at
+            the end of the training curves.
 
     Returns:
         The metrics logged, ``{"test/<name>": value}``.
     """
     metrics = {f"test/{k}": float(v) for k, v in result.items()
-               if k not in params and isinstance(v, int | float) and not isinstance(v, bool)
-               and np.isfinite(v)}
+               if k not in params and k not in NOT_METRICS and isinstance(v, int | float)
+               and not isinstance(v, bool) and np.isfinite(v)}
     clean = {k: _hparam(v) for k, v in params.items()}
     for logger in loggers:
         if isinstance(logger, TensorBoardLogger):
-            logger.log_hyperparams(clean, metrics)
+            logger.log_hyperparams(clean, metrics, step=step)
             logger.experiment.flush()
     return metrics

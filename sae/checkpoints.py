@@ -54,11 +54,13 @@ from pathlib import Path
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from sae.config import SAEConfig
 from sae.io import write_bytes
+from sae.models import SparseAutoencoder, build_model
 
 __all__ = ["CheckpointError", "LEGACY_ENV", "MAX_BYTES", "MAX_DEPTH", "MAX_ELEMENTS",
-           "SafeCheckpointIO", "check_compatible", "checksum", "read_checkpoint",
-           "tensors_checksum", "write_checkpoint"]
+           "SafeCheckpointIO", "check_compatible", "checksum", "load_checkpoint",
+           "model_from_checkpoint", "read_checkpoint", "tensors_checksum", "write_checkpoint"]
 
 CHECKSUM_KEY = "sae_checksum"
 CHECKSUM_PREFIX = "v2:"  # a checksum over everything; plain hex: an earlier version's
@@ -224,9 +226,6 @@ def expected_state(config: dict, path: str | Path) -> dict[str, torch.Tensor]:
     """The ``state_dict`` (on the meta device: shapes and dtypes, no memory) of the model that
     ``config`` (a checkpoint's saved settings) describes; CheckpointError when those settings
     are invalid or the model would exceed :data:`MAX_ELEMENTS`."""
-    from sae.config import SAEConfig
-    from sae.models import build_model
-
     if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
         raise CheckpointError(f"checkpoint {path} has no model settings; not made by this tool")
     try:
@@ -332,9 +331,6 @@ def _scalar(value) -> bool:
 
 def _check_optimizer(state: dict, config: dict, path) -> None:
     """Adam's state as Lightning restores it: one optimizer over the model's parameters."""
-    from sae.config import SAEConfig
-    from sae.models import build_model
-
     with torch.device("meta"):
         model = build_model(SAEConfig.from_dict(config), None, 1.0)
     shapes = [tuple(p.shape) for g in model.param_groups() for p in g["params"]]
@@ -496,3 +492,27 @@ class SafeCheckpointIO(TorchCheckpointIO):
             state, self._preloaded = self._preloaded[1], None
             return state
         return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+# ---------------------------------------------------------------- the model of a checkpoint
+
+
+def load_checkpoint(path: str | Path,
+                    map_location: str | torch.device = "cpu") -> SparseAutoencoder:
+    """Rebuild a trained SAE, in eval mode, from a checkpoint written by ``python -m sae.run``.
+
+    The file is untrusted: it is read with :func:`read_checkpoint` (tensors and plain
+    data only, checksum verified; CheckpointError otherwise). Reads its ``hyper_parameters``
+    ({"config": {...}, "data_var": v}) and ``state_dict``; keys a newer config does not know
+    are ignored, missing ones take defaults.
+    """
+    return model_from_checkpoint(read_checkpoint(path, map_location=map_location))
+
+
+def model_from_checkpoint(state: dict) -> SparseAutoencoder:
+    """The SAE, in eval mode, of a checkpoint already read with ``read_checkpoint`` (callers
+    that also want its step or epoch read the file once)."""
+    hp = state["hyper_parameters"]
+    model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
+    model.load_state_dict(state["state_dict"])
+    return model.eval()

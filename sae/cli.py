@@ -12,180 +12,30 @@ from __future__ import annotations
 
 import argparse
 import os
-import reprlib
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 
 import yaml
 
-from sae.config import SECTIONS, RunFolderConfig
+from sae.config import FIXED_BUDGET, SECTIONS, RunFolderConfig
+from sae.process import RUN_DIR_ENV
+from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
 
 __all__ = ["SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser", "check_fields",
            "check_mapping", "config_file_dict", "load_yaml", "parse_yaml", "path_arg",
            "read_settings_file", "resolve_settings", "shown", "to_argv"]
 
 
-class UsageError(Exception):
-    """Bad user input: printed as one line, exit code 2."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str  # the dataclass field
-    key: str  # in YAML files (flag: --key with dashes)
-    type: str  # int, float, str, bool, devices or path (an optional path: --resume [CKPT])
-    default: object
-    help: str
-    group: str
-    choices: tuple | None
-    low: float | None
-    high: float | None
-    low_open: bool
-    nullable: bool
-    const: object
-    file: bool  # may be given in a settings file (and is written to config.yaml)
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-
 def _settings() -> dict[str, Setting]:
-    out: dict[str, Setting] = {}
-    for section, heading in SECTIONS:
-        for f in fields(section):
-            meta = f.metadata.get("setting")
-            if meta is None:
-                continue
-            base = str(f.type).split("|")[0].strip()
-            kind = {"devices": "devices", "optional-path": "path"}.get(meta["kind"], base)
-            out[f.name] = Setting(
-                f.name, meta["key"] or f.name, kind, f.default, meta["help"],
-                meta["group"] or heading, meta["choices"], meta["low"], meta["high"],
-                meta["low_open"], meta["nullable"], meta["const"],
-                section is not RunFolderConfig)
-    return out
+    return {s.name: s for section, heading in SECTIONS for f in fields(section)
+            if (s := setting_of(f, heading, section is not RunFolderConfig)) is not None}
 
 
 SETTINGS = _settings()
-_BY_KEY = {alias: s for s in SETTINGS.values()
+# a setting by its YAML key, field name or flag spelling
+BY_KEY = {alias: s for s in SETTINGS.values()
            for alias in {s.key, s.name, s.key.replace("_", "-")}}
-
-
-# ---------------------------------------------------------------- values
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 2, 60, 40, 60
-_SHORT.maxtuple = _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxset = 4
-
-
-def shown(value, limit: int = 80) -> str:
-    """``repr(value)`` cut to a short prefix: how an error message quotes a user's value (a
-    value read from a file can be megabytes long)."""
-    text = _SHORT.repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _number_text(x) -> str:
-    return shown(x) if isinstance(x, int) else f"{x:g}"
-
-
-def _bounded(s: Setting, value):
-    if s.low is not None and (value <= s.low if s.low_open else value < s.low):
-        raise ValueError(f"must be {'>' if s.low_open else '>='} {_number_text(s.low)}, "
-                         f"got {_number_text(value)}")
-    if s.high is not None and value > s.high:
-        raise ValueError(f"must be <= {_number_text(s.high)}, got {_number_text(value)}")
-    return value
-
-
-def _number(s: Setting, value):
-    kind = int if s.type == "int" else float
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, "
-                         f"got {shown(value)}")
-    if isinstance(value, float) and kind is int:
-        raise ValueError(f"expected an integer, got {shown(value)}")
-    try:
-        number = kind(value)
-    except ValueError:
-        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, "
-                         f"got {shown(value)}") from None
-    if kind is float and number != number or number in (float("inf"), float("-inf")):
-        raise ValueError(f"must be finite, got {shown(value)}")
-    return _bounded(s, number)
-
-
-def _devices(value):
-    if isinstance(value, int) and not isinstance(value, bool):
-        items = [value]
-    elif isinstance(value, list):
-        items = value
-    elif isinstance(value, str) and value == "auto":
-        return value
-    elif isinstance(value, str):
-        try:
-            items = [int(t) for t in value.split(",") if t.strip()]
-        except ValueError:
-            raise ValueError(f"expected auto, N or a list like 0,1, got {shown(value)}") from None
-        if "," not in value:  # a count
-            items = items[:1]
-            if items and items[0] == -1:
-                return -1
-            if not items or items[0] < 1:
-                raise ValueError(f"a device count must be >= 1 (or -1 for all), got {shown(value)}")
-            return items[0]
-    else:
-        raise ValueError(f"expected auto, N or a list like 0,1, got {shown(value)}")
-    if not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
-        raise ValueError(f"expected auto, N or a list of device ids >= 0, got {shown(value)}")
-    if isinstance(value, int):
-        if value == 0:
-            raise ValueError("a device count must be >= 1 (or -1 for all), got 0")
-        return value
-    return items
-
-
-def convert(s: Setting, value, text: bool = False):
-    """``value`` (command-line text when ``text``, else a YAML value) checked for setting ``s``.
-
-    Raises ValueError with the reason (without the setting's name). ``None`` (or the text
-    ``none``/``null`` for a nullable setting) means the setting's default.
-    """
-    if value is None or (text and s.nullable and str(value).lower() in ("none", "null")):
-        return s.default
-    if s.type == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"takes true or false, got {shown(value)}")
-        return value
-    if s.type in ("int", "float"):
-        return _number(s, value)
-    if s.type == "devices":
-        return _devices(value)
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"expected text, got {shown(value)}")
-    value = str(value)
-    if s.choices is not None and value not in s.choices:
-        raise ValueError(f"must be one of {', '.join(map(str, s.choices))}, got {shown(value)}")
-    return value
-
-
-def check_fields(obj) -> None:
-    """Check every setting field of a config dataclass (ValueError, one line, flag named)."""
-    for f in fields(obj):
-        s = SETTINGS.get(f.name)
-        if s is None:
-            continue
-        value = getattr(obj, f.name)
-        if value is None and s.default is None:
-            continue
-        try:
-            if convert(s, value) != value:
-                raise ValueError(f"got {shown(value)}")
-        except ValueError as e:
-            raise ValueError(f"{s.flag} {e}") from None
 
 
 # ---------------------------------------------------------------- the command line
@@ -220,8 +70,17 @@ def _parse_text(s: Setting):
     return parse
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown where there is one: no "(default: None)" for settings off by default."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _metavar(s: Setting) -> str:
-    if s.choices is not None and len(s.choices) <= 6:
+    if s.choices is not None and len(s.choices) <= 8:
         return "{" + ",".join(s.choices) + "}"
     return s.key.upper().replace("-", "_")
 
@@ -231,7 +90,7 @@ def build_parser(suppress: bool = False) -> OneLineParser:
     p = OneLineParser(
         prog="python -m sae.run", description="Train a sparse autoencoder on MNIST or "
         "Fashion-MNIST and write a run folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
         argument_default=argparse.SUPPRESS if suppress else None)
     groups = {}
     for s in SETTINGS.values():
@@ -403,7 +262,7 @@ def check_mapping(mapping, where: str, exclude: frozenset = frozenset(),
         raise UsageError(f"{where} must be a mapping of settings")
     out: dict = {}
     for key, value in mapping.items():
-        s = _BY_KEY.get(key) if isinstance(key, str) else None
+        s = BY_KEY.get(key) if isinstance(key, str) else None
         if s is None or not s.file:
             raise UsageError(f"{where}: unknown setting {shown(key)} "
                              "(see python -m sae.run --help)")
@@ -472,7 +331,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
     """Layer defaults < ``--config`` < the resumed run's ``config.yaml`` < explicit flags."""
     build_parser().parse_args(argv)  # --help (with defaults shown) and bad values end here
     explicit = vars(build_parser(suppress=True).parse_args(argv))
-    _check_paths({**explicit, "out": explicit.get("out") or os.environ.get("SAE_RUN_DIR")})
+    _check_paths({**explicit, "out": explicit.get("out") or os.environ.get(RUN_DIR_ENV)})
     settings = defaults()
     if explicit.get("config"):
         settings.update(read_settings_file(explicit["config"]))
@@ -480,7 +339,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
         if explicit["resume"] != "last" and Path(explicit["resume"]).is_dir():
             raise UsageError(f"--resume {explicit['resume']} is a folder; give a checkpoint "
                              "file, or --out FOLDER --resume")
-        out = explicit.get("out") or os.environ.get("SAE_RUN_DIR")
+        out = explicit.get("out") or os.environ.get(RUN_DIR_ENV)
         if out is None and explicit["resume"] != "last":
             out = run_dir_of_checkpoint(Path(explicit["resume"]))
         if out is None:
@@ -494,11 +353,25 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
         settings["out"] = str(out)
     settings.update(explicit)
     if settings.get("out") is None:
-        settings["out"] = os.environ.get("SAE_RUN_DIR") or str(
+        settings["out"] = os.environ.get(RUN_DIR_ENV) or str(
             Path("runs") / f"{settings['dataset']}-{settings['model']}-"
             f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     _check_paths(settings)  # data_dir may come from a file
     return argparse.Namespace(**settings)
+
+
+def unused_flags(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """A note for each flag given on the command line that the chosen model does not use:
+    --lambda with a fixed-budget model (topk, batchtopk), --k with a penalty (λ) model."""
+    explicit = vars(build_parser(suppress=True).parse_args(argv))
+    fixed = args.model in FIXED_BUDGET
+    if "lam" in explicit and fixed:
+        return [f"note: --lambda is ignored by --model {args.model}: its sparsity is --k "
+                f"{args.k}"]
+    if "k" in explicit and not fixed:
+        return [f"note: --k is ignored by --model {args.model}: its sparsity is --lambda "
+                f"{args.lam:g}"]
+    return []
 
 
 def run_dir_of_checkpoint(ckpt: Path) -> str | None:

@@ -42,7 +42,7 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
                                a sae.run folder, plus analysis.json and test_l0.npy
     logs/<same path>.log       each run's console output (appended on every attempt)
     raw_probe.json             raw-pixel probe accuracy per dataset and data split (cached)
-    results.csv                one row per finished run (columns: sae.sweep.tables.RESULT_COLUMNS)
+    results.csv                one row per finished run (sae.sweep.aggregate.RESULT_COLUMNS)
     comparison.md              mean ± std over seeds per configuration, "vs KL-SAE", raw pixels
     comparison.html            the same tables and the plots, one self-contained page
     fvu_vs_l0.png, probe_vs_l0.png, l0_distributions.png, class_l0.png, l0_ink_correlation.png
@@ -97,7 +97,8 @@ from pathlib import Path
 
 from sae.cli import OneLineParser, path_arg
 from sae.io import copy_file, find_link, write_text
-from sae.run import EXIT_USAGE, UsageError
+from sae.process import EXIT_USAGE, STOPS, interrupted, raise_terminated, stop_code, stop_word
+from sae.run import UsageError
 from sae.sweep.launch import (
     check_folders,
     lock,
@@ -208,14 +209,6 @@ def dry_run(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> Non
     say(f"{len(runs)} runs ({counts}); nothing was trained (--dry-run)")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: the sweep stops its trainings as for Ctrl-C and exits 143."""
-
-
-def _terminated(signum, frame):
-    raise Terminated
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
 
@@ -240,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
 
-    signal.signal(signal.SIGTERM, _terminated)  # stop the trainings as Ctrl-C does
+    signal.signal(signal.SIGTERM, raise_terminated)  # stop the trainings as Ctrl-C does
     with held:
         write_text(args.out / "sweep.yaml", sweep.text)
         threads = max(1, total_threads() // args.jobs)
@@ -249,11 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             analyses, failed = run_sweep(args.out, runs, args.jobs, gpus, say,
                                          workers=args.engine == "workers")
-        except KeyboardInterrupt as e:
-            what = "terminated" if isinstance(e, Terminated) else "interrupted"
-            print(f"{what}; run the same command again to continue ({args.out})",
-                  file=sys.stderr)
-            return 143 if isinstance(e, Terminated) else 130
+        except STOPS as e:
+            return interrupted(e, f"run the same command again to continue ({args.out})")
         failed += report_damaged(args.out, runs, say)
         try:
             written = write_outputs(args.out, sweep, runs, analyses)
@@ -262,11 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.publish is not None:
                 copies = publish(args.out, args.publish, sweep, runs)
                 say(f"published {len(copies)} files to {args.publish}")
-        except KeyboardInterrupt as e:  # each file is written atomically: none is half-made
-            what = "terminated" if isinstance(e, Terminated) else "interrupted"
-            print(f"{what} while writing the tables; run the same command again to write them "
-                  f"({args.out})", file=sys.stderr)
-            return 143 if isinstance(e, Terminated) else 130
+        except STOPS as e:  # each file is written atomically: none is half-made
+            print(f"{stop_word(e)} while writing the tables; run the same command again to "
+                  f"write them ({args.out})", file=sys.stderr)
+            return stop_code(e)
     if failed:
         print(f"error: {failed} of {len(runs)} runs failed; see their logs in {args.out / 'logs'}",
               file=sys.stderr)

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from sae.setting import check_fields, setting
+from sae.variants import AUTO_DEFAULTS, FIXED_BUDGET, MODELS, models_using, variant
+
 __all__ = [
     "DATASETS", "DEAD_GUARDS", "FIXED_BUDGET", "MODELS", "PRECISIONS", "PROBE_LOSSES", "SECTIONS",
     "DataConfig",
     "HardwareConfig", "OutputConfig", "RunFolderConfig", "SAEConfig", "TrainConfig", "setting",
 ]
 
-MODELS = ("l1", "kl", "sparsemax", "entmax", "topk", "batchtopk", "jumprelu")
 # settings a configuration saved before they existed had, with the value they had then
 SAVED_BEFORE = {"values": "shrunk", "temperature": "global"}
-FIXED_BUDGET = ("topk", "batchtopk")  # k sets the (mean) L0; λ is not used
 DEAD_GUARDS = ("none", "resample", "auxk")
 DATASETS = ("mnist", "fashion-mnist")
 PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitted with
@@ -33,24 +34,6 @@ PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitt
 PRECISIONS = ("64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true",
               "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
-
-
-def setting(default, help: str = "", *, key: str | None = None, choices: tuple | None = None,
-            low: float | None = None, high: float | None = None, low_open: bool = False,
-            nullable: bool = False, group: str | None = None, kind: str | None = None,
-            const=None):
-    """A dataclass field that is also a setting.
-
-    ``key`` is its name in YAML files (default: the field name; the flag is ``--`` + key with
-    dashes); ``low``/``high`` bound numbers (``low_open``: strictly above ``low``); ``nullable``
-    admits ``null``/``none``; ``group`` overrides the section's --help heading; ``kind`` names a
-    special parser (``devices``: auto, N or a list; ``optional-path``: ``--resume [CKPT]`` with
-    ``const`` when given bare).
-    """
-    meta = {"help": help, "key": key, "choices": choices, "low": low, "high": high,
-            "low_open": low_open, "nullable": nullable, "group": group, "kind": kind,
-            "const": const}
-    return field(default=default, metadata={"setting": meta})
 
 
 @dataclass
@@ -132,34 +115,36 @@ class SAEConfig:
         return "auxk" if self.model in FIXED_BUDGET else "resample"
 
     def resolved_values(self) -> str:
-        """``auto``: unshrunk values whose support can grow back (``unshrunk-ste``) for the
-        Sparsemax-SAE, the only model with a choice of values; ``shrunk`` names the others'."""
-        if self.values != "auto":
-            return self.values
-        return "unshrunk-ste" if self.model == "sparsemax" else "shrunk"
+        """``auto``: what the model's variant says (``sae.variants``): unshrunk values whose
+        support can grow back (``unshrunk-ste``) for the Sparsemax-SAE, the only model with a
+        choice of values; ``shrunk`` names the others'."""
+        return self._resolved("values")
 
     def resolved_temperature(self) -> str:
         """``auto``: the normalized per-input temperature for the Sparsemax-SAE, the global one
         for entmax (chosen by the candidate comparisons; see the README)."""
-        if self.temperature != "auto":
-            return self.temperature
-        return "normalized" if self.model == "sparsemax" else "global"
+        return self._resolved("temperature")
 
     def resolved_init(self) -> str:
-        """``auto`` starts sparsemax / entmax codes from data: their units compete for support."""
-        if self.init != "auto":
-            return self.init
-        return "data" if self.model in ("sparsemax", "entmax") and self.arch == "linear" \
-            else "random"
+        """``auto`` starts the codes of variants that ask for it (sparsemax / entmax: their units
+        compete for support) from data, with a linear encoder."""
+        if self.init == "auto" and self.arch != "linear":
+            return "random"
+        return self._resolved("init")
+
+    def _resolved(self, name: str) -> str:
+        value = getattr(self, name)
+        if value != "auto":
+            return value
+        return variant(self.model).resolved(name) if self.model in MODELS \
+            else AUTO_DEFAULTS[name]
 
     def validate(self) -> None:
         """Raise ValueError with a one-line, user-facing message for any invalid value.
 
-        Single values are checked against their field's bounds (``sae.cli``); this adds the
+        Single values are checked against their field's bounds (``sae.setting``); this adds the
         checks that involve several fields.
         """
-        from sae.cli import check_fields
-
         check_fields(self)
 
         def need(ok: bool, message: str) -> None:
@@ -180,10 +165,10 @@ class SAEConfig:
              "--dead-guard auxk applies to --model topk and batchtopk")
         need(guard == "none" or self.arch == "linear",
              f"--dead-guard {guard} needs --arch linear (use none with mlp)")
-        need(self.values in ("auto", "shrunk") or self.model == "sparsemax",
-             f"--values {self.values} applies to --model sparsemax")
-        need(self.temperature in ("auto", "global") or self.model in ("sparsemax", "entmax"),
-             f"--temperature {self.temperature} applies to --model sparsemax and entmax")
+        for name in ("values", "temperature"):
+            value, models = getattr(self, name), models_using(name)
+            need(value in ("auto", AUTO_DEFAULTS[name]) or self.model in models,
+                 f"--{name} {value} applies to --model {' and '.join(models)}")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
 

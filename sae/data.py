@@ -252,10 +252,18 @@ class EpochShuffle(Sampler):
     torch's ``RandomSampler`` draws each epoch's order from the global generator, whose state a
     checkpoint does not hold, so a run resumed at an epoch boundary would see other batches than
     one never stopped. Lightning calls ``set_epoch`` at the start of every epoch.
+
+    Mid-epoch resumes: :meth:`state_dict` holds the epoch and how many rows of its order were
+    served; after :meth:`load_state_dict` the next iteration serves the rest of that order, so a
+    run stopped after any training step goes on with the very batches it would have seen
+    (``sae.callbacks.EpochSeed`` sets it from the checkpoint). The order is drawn when the first
+    row is asked for, so the position may be set after the iterator was made.
     """
 
     def __init__(self, n: int, seed: int = 0):
         self.n, self.seed, self.epoch = n, seed, 0
+        self.served = 0  # rows of the current epoch's order handed out so far
+        self._skip = 0  # rows to skip once, at the next iteration (set by load_state_dict)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -266,7 +274,24 @@ class EpochShuffle(Sampler):
     def __iter__(self):
         state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
         g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-        return iter(torch.randperm(self.n, generator=g).tolist())
+        order = torch.randperm(self.n, generator=g).tolist()
+        start, self._skip = min(self._skip, self.n), 0
+        self.served = start
+        for index in order[start:]:
+            self.served += 1
+            yield index
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "served": self.served}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict`; values that are not counts (a damaged checkpoint) are
+        refused with ValueError."""
+        epoch, served = state.get("epoch"), state.get("served")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                   for v in (epoch, served)):
+            raise ValueError("the data order's state holds no valid epoch and position")
+        self.epoch, self._skip = epoch, served
 
 
 def keep_batch(batch):

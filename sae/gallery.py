@@ -27,9 +27,10 @@ from pathlib import Path
 
 from sae.cli import OneLineParser, UsageError
 from sae.io import UnsafePathError, copy_file, read_bytes, read_text, write_text
+from sae.process import interrupted
 
 DATASETS = ("mnist", "fashion-mnist")
-MODELS = ("sparsemax", "kl", "l1")
+MODELS = ("sparsemax", "kl", "l1", "topk", "batchtopk", "jumprelu")
 KINDS = ("decoder_atoms", "activation_frequency", "class_unit_heatmap", "sparsity_histogram")
 
 
@@ -37,6 +38,42 @@ EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRICS = ("lam", "mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
            "wall_time_s")
+
+
+HEAD = ("dataset", "model", "λ / k", "mse", "fvu", "fvu at L0", "L0 (mean ± std)", "dead %",
+        "dense %", "train s")
+NOTE = ("fvu at L0: the reconstruction from only the units counted in L0. It equals fvu except "
+        "for the KL-SAE, whose sigmoid units below the firing threshold (0.1) still add to the "
+        "reconstruction.")
+
+
+def index_page(out: Path, made: str, rows: list[list[str]]) -> str:
+    """index.html: the README's table and every copied figure, one section per dataset, each
+    figure shown from its file beside the page (a browser opens this; it does not render
+    markdown), with links to the published comparison pages."""
+    from sae import pages
+
+    sections = []
+    for dataset in DATASETS:
+        body = []
+        for kind in KINDS:
+            shown = [f"{dataset}-{model}-{kind}.png" for model in MODELS
+                     if (out / f"{dataset}-{model}-{kind}.png").is_file()]
+            if shown:
+                body.append(pages.fragment("<h3>{}</h3>", kind.replace("_", " ")))
+                body += [pages.image_link(name, name) for name in shown]
+        sections.append(pages.Section(dataset, dataset, pages.join(body)))
+    sections.insert(0, pages.Section("runs", "Runs", pages.join([
+        pages.table(HEAD, rows), pages.fragment("<p>{}</p>", NOTE)])))
+    compare = sorted((out.parent / "compare").glob("*/comparison.html"))
+    intro: list = [made]
+    if compare:
+        intro.append(pages.fragment("Comparisons: {}", pages.join(
+            pages.join([pages.link(f"../compare/{p.parent.name}/comparison.html",
+                                   p.parent.name), " "]) for p in compare)))
+    return pages.render_page(title="Gallery", heading="Gallery",
+                             subtitle=f"generated {pages.timestamp()}", intro=intro,
+                             sections=sections)
 
 
 def latest_png(run: Path, kind: str) -> Path | None:
@@ -105,8 +142,9 @@ def parse_args(argv: list[str]):
     if args.epochs < 1 or not math.isfinite(args.lam) or args.lam < 0:
         raise UsageError(f"--epochs must be >= 1 and --lambda a finite number >= 0, got "
                          f"{args.epochs} and {args.lam}")
-    resolve_settings(["--model", MODELS[0], "--lambda", str(args.lam), "--epochs",
-                      str(args.epochs), "--out", str(Path(args.runs) / "x"), *extra])
+    settings = resolve_settings(["--model", MODELS[0], "--lambda", str(args.lam), "--epochs",
+                                 str(args.epochs), "--out", str(Path(args.runs) / "x"), *extra])
+    args.k = settings.k  # what topk and batchtopk train with (they do not use λ)
     return args, extra
 
 
@@ -124,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: cannot write the gallery: {e.strerror or e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to continue", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        return interrupted(e, "run the same command again to continue")
 
 
 def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
-    out, runs = Path(args.out), Path(args.runs)
+    from sae.config import FIXED_BUDGET
+
+    out, runs, k = Path(args.out), Path(args.runs), args.k
     for dataset in DATASETS:  # damage in a finished run is found before anything is written
         for model in MODELS:
             run = runs / f"{dataset}-{model}"
@@ -154,30 +193,29 @@ def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
             fvu_at_l0 = m.get("fvu_at_l0")
             if isinstance(fvu_at_l0, bool) or not isinstance(fvu_at_l0, int | float):
                 fvu_at_l0 = float("nan")
-            rows.append(f"| {dataset} | {model} | {m['lam']:g} | {m['mse']:.4f} | "
-                        f"{m['fvu']:.3f} | {fvu_at_l0:.3f} | "
-                        f"{m['l0_mean']:.1f} ± {m['l0_std']:.1f} | "
-                        f"{100 * m['dead_fraction']:.1f} | {100 * m['dense_fraction']:.1f} | "
-                        f"{m['wall_time_s']:.0f} |")
+            setting = f"k = {k}" if model in FIXED_BUDGET else f"λ = {m['lam']:g}"
+            rows.append([dataset, model, setting, f"{m['mse']:.4f}", f"{m['fvu']:.3f}",
+                         f"{fvu_at_l0:.3f}", f"{m['l0_mean']:.1f} ± {m['l0_std']:.1f}",
+                         f"{100 * m['dead_fraction']:.1f}", f"{100 * m['dense_fraction']:.1f}",
+                         f"{m['wall_time_s']:.0f}"])
     command = " ".join(["python -m sae.gallery", *(argv if argv is not None else sys.argv[1:])])
+    made = (f"Made by `{command}` ({args.epochs} epochs, λ = {args.lam:g} or k = {k} for "
+            f"{' and '.join(FIXED_BUDGET)}, 512 units, seed 0, default settings otherwise). "
+            "Test-set metrics (10 000 images):")
     lines = [
-        "# Gallery", "",
-        f"Made by `{command}` ({args.epochs} epochs, λ = {args.lam:g}, 512 units, seed 0,"
-        " default settings otherwise). Test-set metrics (10 000 images):", "",
-        "| dataset | model | λ | mse | fvu | fvu at L0 | L0 (mean ± std) | dead % | dense % "
-        "| train s |",
-        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-        "fvu at L0: the reconstruction from only the units counted in L0. It equals fvu except "
-        "for the KL-SAE, whose sigmoid units below the firing threshold (0.1) still add to the "
-        "reconstruction.", "",
+        "# Gallery", "", made, "",
+        "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD),
+        *("| " + " | ".join(r) + " |" for r in rows), "", NOTE, "",
         "Files: `<dataset>-<model>-<kind>.png` for kind in " + ", ".join(KINDS) + ". Each "
-        "image's title names its dataset, model and λ; the activation_frequency figures share "
-        "one fixed log scale (10⁻⁴ to 1), so they compare side by side.", ""]
+        "image's title names its dataset, model and λ or k; the activation_frequency figures "
+        "share one fixed log scale (10⁻⁴ to 1), so they compare side by side. `index.html` "
+        "shows them all in a browser.", ""]
     compare = sorted((out.parent / "compare").glob("*/comparison.md"))
     if compare:  # the published comparisons beside the gallery
         lines += ["Comparisons: " + " · ".join(
             f"[{p.parent.name}](../compare/{p.parent.name}/comparison.md)" for p in compare), ""]
     write_text(out / "README.md", "\n".join(lines))
+    write_text(out / "index.html", index_page(out, made.replace("`", ""), rows))
     print(f"gallery written to {out}")
     return 0
 

@@ -5,9 +5,11 @@ A page is self-contained: the CSS (:data:`PAGE_CSS`) is inline and images are in
 ``data:`` URIs (:func:`inline_png`), with no scripts and no external references, so it opens
 anywhere, offline, and can be mailed or archived alone. It works on a phone: every table scrolls
 sideways inside its own box rather than widening the page, and a tap on a figure opens it at
-full size (a CSS-only toggle, :func:`figure`; tap again to close). Figures are embedded as
-palette PNGs where that keeps them faithful (:func:`sae.figures.common.palette_png`), which
-roughly halves a page's weight. :func:`render_page` owns the skeleton
+full size (a CSS-only toggle, :func:`figure`; tap again to close). Figures are embedded in full
+colour: as palette PNGs only where that is lossless (:func:`palette_png`: at most 256 colours,
+which roughly halves a flat figure's weight), otherwise as they came (RGB), so a colour bar or an
+image keeps every shade. This module owns that encoding; it knows nothing of how figures are
+drawn. :func:`render_page` owns the skeleton
 (title, subtitle, introduction, a navigation bar and one ``<h2>`` section per :class:`Section`);
 :func:`table`, :func:`figure`, :func:`missing`, :func:`code_block` and :func:`fragment` build the
 pieces that go into a section.
@@ -24,14 +26,15 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import io
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import jinja2
 from markupsafe import Markup
 
-__all__ = ["PAGE_CSS", "Section", "code_block", "figure", "fragment", "inline_png",
-           "join", "link", "missing", "render_page", "table", "timestamp"]
+__all__ = ["PAGE_CSS", "Section", "code_block", "figure", "fragment", "image_link", "inline_png",
+           "join", "link", "missing", "palette_png", "render_page", "table", "timestamp"]
 
 PAGE_CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
@@ -43,13 +46,23 @@ h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
 body { overflow-wrap: anywhere; }
 nav a { margin-right: 1rem; color: #2a5db0; }
 a { color: #2a5db0; }
-.scroll { overflow-x: auto; max-width: 100%; margin: 0.6rem 0; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.6rem 0;
+          /* shadows at an edge with more table beyond it: a wide table shows it scrolls */
+          background: linear-gradient(to right, #fff 30%, rgba(255,255,255,0)),
+                      linear-gradient(to left, #fff 30%, rgba(255,255,255,0)) 100% 0,
+                      radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.18), transparent),
+                      radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.18), transparent)
+                      100% 0;
+          background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%,
+                                                         12px 100%;
+          background-attachment: local, local, scroll, scroll; }
 .scroll table { margin: 0; }
 table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; overflow-wrap: normal; }
-th, td { text-align: left; padding: 0.25rem 0.8rem; border-bottom: 1px solid #e6e6e6;
+th, td { text-align: left; padding: 0.25rem 0.6rem; border-bottom: 1px solid #e6e6e6;
          vertical-align: top; }
 th { background: #f4f4f4; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.key { white-space: nowrap; }
 td.note { color: #666; min-width: 14rem; }
 td.best { font-weight: 700; background: #e6f2e6; }
 figure { margin: 0.6rem 0 1.6rem 0; }
@@ -147,7 +160,8 @@ def table(head: Sequence[object], rows: Iterable[Sequence[object]],
     scrolls sideways when the table is wider than the page (a phone).
 
     Cells are shown as ``str(value)``, escaped; ``cell_class(column, text)`` gives a cell its CSS
-    class (``"num"`` for numbers, ``"note"`` for grey notes) or None; the cells ``(row,
+    class (``"num"`` for numbers, ``"key"`` for a setting kept on one line, ``"note"`` for
+    grey notes) or None; the cells ``(row,
     column)`` of ``best`` (positions counted from 0, header excluded) are also marked ``best``
     (bold, shaded).
     """
@@ -175,13 +189,56 @@ def figure(png: bytes, alt: str, caption: str | Markup) -> Markup:
     """An inline PNG with its caption; a tap (click) shows it at full size, another closes it.
 
     The toggle is a hidden checkbox in the image's label, so it needs no script and the image is
-    embedded once. The PNG is embedded as a palette PNG where that keeps it faithful.
+    embedded once. The PNG is embedded as a palette PNG where that is lossless
+    (:func:`palette_png`).
     """
-    from sae.figures.common import palette_png
-
     return fragment('<figure><label class="zoom" title="tap: full size"><input type="checkbox">'
                     "<span>{}</span></label><figcaption>{}</figcaption></figure>",
                     inline_png(palette_png(png), alt), caption)
+
+
+def image_link(href: str, alt: str) -> Markup:
+    """An image read from a file beside the page (not embedded), captioned with its name and
+    linked to the file itself, for pages that show many figures (a gallery)."""
+    link(href, alt)  # the same rule: a relative path only
+    return fragment('<figure><a href="{0}"><img src="{0}" alt="{1}" loading="lazy"></a>'
+                    "<figcaption>{1}</figcaption></figure>", href, alt)
+
+
+def palette_png(png: bytes, colours: int = 256) -> bytes:
+    """``png`` re-encoded as a palette PNG when that is lossless and smaller, else unchanged.
+
+    Lossless means: no transparency and at most ``colours`` distinct colours, so every pixel
+    keeps its exact RGB value. Figures of flat colours and a few anti-aliased edges often
+    qualify, and one byte per pixel instead of three or four halves the weight of a page that
+    embeds a dozen of them as base64. A figure with more colours (a colour bar, a heatmap, an
+    image) is kept as it came: quantising it would band its gradients. Bytes that are not a
+    readable PNG come back unchanged too.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(png)) as image:
+            image.load()
+            if image.mode == "P" or image.format != "PNG":
+                return png
+            rgba = image.convert("RGBA")
+    except (OSError, ValueError, UnidentifiedImageError, Image.DecompressionBombError):
+        return png
+    if rgba.getextrema()[3][0] != 255:  # transparency: keep the original
+        return png
+    rgb = rgba.convert("RGB")
+    found = rgb.getcolors(maxcolors=colours)
+    if found is None:  # more colours than a palette holds: lossy, keep RGB
+        return png
+    palette = Image.new("P", (1, 1))
+    flat = [channel for _, colour in found for channel in colour]
+    palette.putpalette(flat + [0] * (768 - len(flat)))
+    exact = rgb.quantize(palette=palette, dither=Image.Dither.NONE)
+    buf = io.BytesIO()
+    exact.save(buf, format="PNG", optimize=False, compress_level=9)
+    out = buf.getvalue()
+    return out if len(out) < len(png) else png
 
 
 def link(href: str, text: str) -> Markup:

@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
 import sys
 from collections.abc import Mapping
-from contextlib import contextmanager
 from pathlib import Path
 
 from sae import pages
-from sae.cli import OneLineParser, UsageError, load_yaml, path_arg
+from sae.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.io import read_bytes, read_text, write_text
+from sae.process import STOPS, interrupted, interruptible
+from sae.variants import VARIANTS, Variant, models_using
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
            "latest_figures", "main", "relevant_settings", "render_report", "write_report"]
@@ -53,7 +53,7 @@ FIGURE_KINDS = (
 _KIND_TEXT = {
     "code_embedding": (
         "Code embedding",
-        "t-SNE of 2 000 test codes, coloured by class: do codes of different classes separate?",
+        "t-SNE of 1 000 test codes, coloured by class: do codes of different classes separate?",
     ),
     "decoder_atoms": (
         "Decoder atoms",
@@ -130,22 +130,6 @@ _METRIC_NOTES = {
 _RUN_FACTS = {"model": "model", "dataset": "dataset", "lam": "λ", "seed": "seed",
               "hidden": "code units", "fire_threshold": "firing threshold", "steps": "steps",
               "epochs": "epochs"}
-
-# config settings that matter only for some models (config.yaml key -> models); a setting of
-# another model is hidden from the short config table (the full one is one click away)
-_FIXED_BUDGET = ("topk", "batchtopk")
-_ONLY_FOR = {
-    "lambda": ("l1", "kl", "sparsemax", "entmax", "jumprelu"),
-    "k": _FIXED_BUDGET,
-    "aux_k": _FIXED_BUDGET,
-    "rho": ("kl",),
-    "kl_threshold": ("kl",),
-    "alpha": ("entmax",),
-    "alpha_mode": ("entmax",),
-    "values": ("sparsemax",),
-    "groups": ("sparsemax", "entmax"),
-    "jumprelu_bandwidth": ("jumprelu",),
-}
 
 _EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
 
@@ -291,6 +275,17 @@ def _config_value(value: object) -> str:
 # --------------------------------------------------------------------------- page sections
 
 
+def _applies(key: str, v: Variant) -> bool:
+    """Whether config.yaml key ``key`` matters for variant ``v`` (``sae.variants``): λ for a
+    penalty, k and AuxK's aux_k for a fixed budget, a model-specific setting for its models."""
+    name = BY_KEY[key].name if key in BY_KEY else key
+    if name == "lam":
+        return v.budget == "penalty"
+    if name in ("k", "aux_k"):
+        return v.budget == "fixed"
+    return not models_using(name) or name in v.settings
+
+
 def relevant_settings(config: dict[str, object]) -> dict[str, object]:
     """The settings of ``config`` that matter for its model: another model's settings (rho
     for a non-KL run, alpha for a non-entmax run, k for a λ model, ...) and mlp_width for a
@@ -298,9 +293,7 @@ def relevant_settings(config: dict[str, object]) -> dict[str, object]:
     model = config.get("model")
     keep = {}
     for key, value in config.items():
-        models = _ONLY_FOR.get(key)
-        if models is not None and model in _ONLY_FOR["lambda"] + _FIXED_BUDGET \
-                and model not in models:
+        if model in VARIANTS and not _applies(key, VARIANTS[model]):
             continue
         if key == "mlp_width" and config.get("arch", "linear") != "mlp":
             continue
@@ -439,8 +432,9 @@ def _lookup(config: dict[str, object], keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def render_report(run_dir: Path) -> str:
-    """The complete HTML text of a run's report."""
+def render_report(run_dir: Path, resume_command: str | None = None) -> str:
+    """The complete HTML text of a run's report; ``resume_command``: the run was interrupted
+    and goes on with this command (said at the top of the page)."""
     run_dir = Path(run_dir)
     config, config_problem = _read_config(run_dir / "config.yaml")
     metrics, metrics_problem = _read_metrics(run_dir / "metrics.json")
@@ -451,10 +445,16 @@ def render_report(run_dir: Path) -> str:
     status = ("complete: final test metrics present" if not metrics_problem
               else "no final test metrics (interrupted or still training)")
     line = headline(metrics) if not metrics_problem else None
+    intro = [pages.fragment('<strong class="headline">{}</strong>', line)] if line else []
+    if resume_command is not None:
+        status = "interrupted"
+        intro.append(pages.fragment(
+            "<p>Training was interrupted; the page shows its last checkpoint's figures and the "
+            "curves so far. Continue it with <code>{}</code>.</p>", resume_command))
     return pages.render_page(
         title=f"{name}: {subtitle}", heading=name,
         subtitle=f"{subtitle} · run {status} · report generated {pages.timestamp()}",
-        intro=[pages.fragment('<strong class="headline">{}</strong>', line)] if line else [],
+        intro=intro,
         sections=[
             pages.Section("metrics", "Final test metrics",
                           _metrics_section(metrics, metrics_problem), nav="Final metrics"),
@@ -482,8 +482,9 @@ def _check_run_dir(run_dir: Path) -> None:
         raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
 
 
-def write_report(run_dir: Path) -> Path:
-    """Write ``<run_dir>/report.html`` and return its path.
+def write_report(run_dir: Path, resume_command: str | None = None) -> Path:
+    """Write ``<run_dir>/report.html`` and return its path (``resume_command``: see
+    :func:`render_report`).
 
     Raises:
         RunFolderError: ``run_dir`` is missing, not a folder, or has no ``config.yaml``.
@@ -491,36 +492,11 @@ def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     _check_run_dir(run_dir)
     out = run_dir / "report.html"
-    write_text(out, render_report(run_dir))
+    write_text(out, render_report(run_dir, resume_command))
     return out
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C is (exit code 143 instead of 130)."""
-
-
-@contextmanager
-def interruptible():
-    """Ctrl-C raises KeyboardInterrupt and SIGTERM :class:`Terminated` inside the block (the
-    previous SIGTERM handler is restored after it)."""
-    def terminated(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def interrupted(exc: KeyboardInterrupt) -> int:
-    """One line for an interrupted command; its exit code (143 for SIGTERM, else 130)."""
-    what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-    print(f"{what}; nothing was written", file=sys.stderr)
-    return 143 if isinstance(exc, Terminated) else 130
 
 
 def _draw_figures(run_dir: Path) -> None:
@@ -554,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # report.html is written atomically: never half of one
+    except STOPS as exc:  # report.html is written atomically: never half of one
         return interrupted(exc)
     print(path)
     return 0

@@ -32,17 +32,28 @@ from dataclasses import fields
 from importlib.util import find_spec
 from pathlib import Path
 
-from sae.cli import UsageError, build_parser, config_file_dict, resolve_settings
+from sae.cli import (
+    UsageError,
+    build_parser,
+    config_file_dict,
+    resolve_settings,
+    unused_flags,
+)
 from sae.config import SAEConfig
-from sae.training import Terminated  # light: torch and Lightning are imported when training
+from sae.process import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    RUN_DIR_ENV,
+    Terminated,
+    is_primary_process,
+    raise_terminated,
+)
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "check_settings", "main", "model_config",
            "resolve_settings"]
 
-EXIT_USAGE = 2
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
 PARENT_ENV = "SAE_STOP_WITH_PARENT"  # a sweep's pid: stop (SIGTERM) when that process dies
 # set by the launchers that start a run on several machines (torchrun, SLURM, MPI, LSF); without
 # one, each machine waits for the others forever
@@ -51,11 +62,6 @@ LAUNCHER_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"
 HALF_WEIGHTS = ("16-true", "bf16-true")
 NEEDS_PACKAGE = {"tpu": "torch_xla", "transformer-engine": "transformer_engine",
                  "transformer-engine-float16": "transformer_engine"}
-
-
-def is_primary_process() -> bool:
-    """False in the worker processes that Lightning or torchrun start for DDP."""
-    return all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK"))
 
 
 def model_config(args: argparse.Namespace) -> SAEConfig:
@@ -141,10 +147,6 @@ def stop_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated
-
-
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
@@ -196,7 +198,7 @@ def _start(args: argparse.Namespace, out: Path, primary: bool) -> bool:
         except OSError:
             runfolder.remove_unfinished(out, created)
             raise
-    os.environ["SAE_RUN_DIR"] = str(out)  # DDP workers re-run this CLI: same folder
+    os.environ[RUN_DIR_ENV] = str(out)  # DDP workers re-run this CLI: same folder
     return created
 
 
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     # ignores SIGINT for its background jobs (the ignored disposition would be inherited);
     # SIGTERM is one line and exit 143 from here on, during the imports too
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
@@ -226,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             if primary:  # within a second of the command: torch is not imported yet
                 print(f"run folder: {out}" + (" (resuming)" if args.resume is not None else ""),
                       flush=True)
+                for note in unused_flags(argv, args):  # beside the run's other notes
+                    print(note, flush=True)
             _import_training()
     except UsageError as e:
         say(f"error: {e}")
@@ -298,6 +302,18 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
     return 0
 
 
+def _interrupted_report(out: Path, command: str) -> None:
+    """report.html of what an interrupted run has, saying how it goes on; a second signal or a
+    failure while it is written leaves the run as it is, without a report."""
+    try:
+        with _signals_held():  # no half-imported plotting modules; the signal waits a moment
+            from sae.report import write_report
+        write_report(out, resume_command=command)
+    except (KeyboardInterrupt, Terminated, Exception):  # noqa: BLE001 (the stop goes on)
+        return
+    print(f"report: {out / 'report.html'}", flush=True)
+
+
 def _undo_start(out: Path, created: bool, primary: bool) -> None:
     """A fresh run that failed before its first checkpoint leaves no half-made folder."""
     if primary:
@@ -309,6 +325,8 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
 def _stopped(args, out: Path, created: bool, primary: bool, say, what: str, code: int) -> int:
     if (out / "checkpoints" / "last.ckpt").is_file() or args.resume is not None:
         command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
+        if primary and not args.no_report and (out / "checkpoints" / "last.ckpt").is_file():
+            _interrupted_report(out, command)
         say(f"{what}; continue with: {command}")
     else:
         _undo_start(out, created, primary)

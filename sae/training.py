@@ -9,19 +9,19 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from sae.config import SAEConfig
+from sae.process import Terminated, is_primary_process
 
 __all__ = ["Terminated", "TrainingSetupError", "quiet_lightning", "train"]
 
 SESSION_ENV = "SAE_SESSION"  # DDP workers log under the session their rank 0 opened
-
-
-class Terminated(BaseException):
-    """SIGTERM: stop as for Ctrl-C, with the conventional exit code 143."""
 
 
 class TrainingSetupError(Exception):
@@ -59,7 +59,9 @@ def _bounded_logger_class():
     TensorBoard's event writer closes by joining its writer thread without a timeout; after the
     process is signalled mid-write that join can wait forever, and a run that never exits keeps
     its run folder locked. Events not yet written when the wait ends are lost; the run's
-    checkpoint and metrics are not. Made on first use (module ``__getattr__``), so that importing
+    checkpoint and metrics are not. After a successful fit the writer stays open until
+    :meth:`close`, so that the test metrics logged after it go to the same event file. Made on
+    first use (module ``__getattr__``), so that importing
     this module does not import Lightning, while the class still pickles by name (DDP spawn).
     """
     import threading
@@ -68,7 +70,13 @@ def _bounded_logger_class():
 
     class BoundedTensorBoardLogger(TensorBoardLogger):
         def finalize(self, status: str) -> None:
-            closing = threading.Thread(target=super().finalize, args=(status,), daemon=True)
+            if status == "success":  # the run logs its test metrics next; then close()
+                self.experiment.flush()
+                return
+            self.close()
+
+        def close(self) -> None:
+            closing = threading.Thread(target=super().finalize, args=("success",), daemon=True)
             closing.start()
             closing.join(LOGGER_CLOSE_S)
 
@@ -109,9 +117,9 @@ def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, cal
         val_interval, val_every_epochs = args.max_steps, None
     show_progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     if show_progress:
-        from lightning.pytorch.callbacks import TQDMProgressBar
+        from sae.callbacks import ProgressBar
 
-        callbacks = [*callbacks, TQDMProgressBar(refresh_rate=20)]
+        callbacks = [*callbacks, ProgressBar(refresh_rate=20)]
     else:  # a log file or a pipe: one line per validation instead of a bar
         from sae.callbacks import EpochLines
 
@@ -134,20 +142,21 @@ def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, cal
 
 
 def train(args: argparse.Namespace, config: SAEConfig) -> dict:
-    """Fit and evaluate; returns the test metrics (empty on DDP ranks other than 0)."""
+    """Fit and evaluate; returns the test metrics (empty on DDP ranks other than 0).
+
+    Reads top to bottom: the checkpoint to resume (checked before anything changes), data,
+    model, callbacks and loggers, the fit, then :func:`finish` (test metrics, pages), one status
+    line per step. A Ctrl-C or SIGTERM during the fit stops after the training step in progress
+    with that step's checkpoint (:class:`sae.callbacks.StopOnSignal`).
+    """
     import lightning.pytorch as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, Timer
     from lightning.pytorch.loggers import CSVLogger
 
     from sae import runfolder
-    from sae.callbacks import EpochSeed
-    from sae.checkpoints import check_compatible, read_checkpoint
-    from sae.convergence import last_epoch_change, read_validation
-    from sae.data import DataSourceError, ImageDataModule
-    from sae.evaluate import evaluate
-    from sae.io import write_json
-    from sae.models import build_model
+    from sae.callbacks import EpochSeed, StopOnSignal, StopRequested
+    from sae.models import build_model, training_callbacks
 
     out = Path(args.out)
     quiet_lightning()
@@ -156,29 +165,11 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     # resume: the checkpoint is read and checked in full (its archive, checksum, schema, and the
     # optimiser, loop and callback states Lightning will restore) before anything in the folder
     # changes: a checkpoint that fails any check costs no session folder and no log file
-    ckpt, start_step, legacy_seconds = None, 0, 0.0
-    if args.resume is not None:
-        ckpt = checkpoint_to_resume(args)
-        state = read_checkpoint(ckpt)
-        check_compatible(state, asdict(config), ckpt)
-        start_step = int(state.get("global_step", 0))
-        if int(state.get("epoch", 0)) > args.epochs:
-            raise TrainingSetupError(f"--epochs {args.epochs} is below the epoch of checkpoint "
-                                     f"{ckpt} ({state['epoch']}); give at least that many")
-        if not any(str(k).startswith("Timer") for k in state.get("callbacks", {})):
-            legacy_seconds = float(state.get("train_seconds", 0.0))  # an earlier version's
+    ckpt, state, start_step, legacy_seconds = checked_resume(args, config)
 
-    dm = ImageDataModule(args.dataset, args.data_dir, args.batch_size, args.val_size,
-                         limit_train=args.limit_train, limit_test=args.limit_test,
-                         shuffle_seed=args.seed)
-    dm.load()
-    if len(dm.train_x) < 2:
-        raise DataSourceError(f"training needs at least 2 images, got {len(dm.train_x)} "
-                              "(--limit-train)")
+    dm = load_data(args)
     mean = dm.train_mean
     data_var = float((dm.train_x - mean).pow(2).sum(-1).mean())
-    if not data_var > 0:
-        raise DataSourceError("the training images are all the same: their variance is 0")
     init_inputs = None
     if config.resolved_init() == "data":  # seeded: the same images for the same --seed
         pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(args.seed))
@@ -189,11 +180,11 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         raise TrainingSetupError(f"cannot build the model (--hidden {config.hidden}): "
                                  f"{_one_line(e)}") from None
 
-    primary = int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("RANK", 0)) == 0
-    if primary:
+    if is_primary_process():
         os.environ[SESSION_ENV] = runfolder.new_session(out, start_step)
     session = os.environ.get(SESSION_ENV, "session_0")
-    timer = Timer()
+    last = out / "checkpoints" / "last.ckpt"
+    timer, stop = Timer(), StopOnSignal(last)
     callbacks = [
         ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
                         mode="min", save_top_k=1, enable_version_counter=False),
@@ -202,17 +193,15 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
                         save_top_k=1, enable_version_counter=False),
         timer,
         EpochSeed(args.seed),  # an epoch's randomness does not depend on a resume
+        *training_callbacks(config),
     ]
-    from sae.models import training_callbacks
-
-    callbacks += training_callbacks(config)
     if not args.no_figures:
         from sae.callbacks import FigureCallback
 
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=args.figure_every,
                                         class_names=dm.class_names))
-    loggers = [CSVLogger(out, name="logs", version=session),
-               bounded_tensorboard_logger(out)]
+    callbacks.append(stop)  # last: a step's end includes the other callbacks' work
+    loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
     steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
     # the checkpoint read and checked above is the one Lightning restores: not read twice
     trainer = build_trainer(args, out, steps_per_epoch, callbacks, loggers,
@@ -222,9 +211,11 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     try:
         trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
                     weights_only=True)
+    except StopRequested as e:  # the step's checkpoint is written
+        raise (Terminated if e.signum == signal.SIGTERM else KeyboardInterrupt) from None
     except SystemExit:
-        # Lightning turns Ctrl-C into a graceful shutdown and sys.exit(1), and SIGTERM into
-        # SIGTERMException (a SystemExit); report each as the interruption it is
+        # Lightning turns a second Ctrl-C into a graceful shutdown and sys.exit(1), and SIGTERM
+        # into SIGTERMException (a SystemExit); report each as the interruption it is
         if trainer.received_sigterm:
             raise Terminated from None
         if trainer.interrupted:
@@ -235,29 +226,95 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
             runfolder.merge_history(out)
     wall = legacy_seconds + timer.time_elapsed("train")
     # the last validation's checkpoint can be behind when --max-steps ends mid-epoch
-    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
+    trainer.save_checkpoint(last)
+    if stop.signum is not None:  # arrived during the last validation: training is complete
+        raise Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt
     if not trainer.is_global_zero:
         return {}
+    return finish(args, config, model, dm, trainer, wall)
 
-    result, _ = evaluate(model, dm.test_x, dm.train_pca(), mean)
-    result.update(last_epoch_change(read_validation(out / "metrics.csv")))
-    result.update(wall_time_s=wall, steps=int(trainer.global_step),
-                  epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
-                  dataset=args.dataset, seed=args.seed, hidden=config.hidden,
-                  fire_threshold=float(model.fire_threshold))
-    if config.model == "entmax":
-        result["alpha"] = float(model.current_alpha())
-    write_json(out / "metrics.json", result)
+
+def checked_resume(args: argparse.Namespace, config: SAEConfig):
+    """(checkpoint path, its checked state, its step, an earlier version's training seconds)
+    of ``--resume``; (None, None, 0, 0.0) for a fresh run."""
+    from sae.checkpoints import check_compatible, read_checkpoint
+
+    if args.resume is None:
+        return None, None, 0, 0.0
+    ckpt = checkpoint_to_resume(args)
+    state = read_checkpoint(ckpt)
+    check_compatible(state, asdict(config), ckpt)
+    if int(state.get("epoch", 0)) > args.epochs:
+        raise TrainingSetupError(f"--epochs {args.epochs} is below the epoch of checkpoint "
+                                 f"{ckpt} ({state['epoch']}); give at least that many")
+    legacy_seconds = 0.0
+    if not any(str(k).startswith("Timer") for k in state.get("callbacks", {})):
+        legacy_seconds = float(state.get("train_seconds", 0.0))  # an earlier version's
+    return ckpt, state, int(state.get("global_step", 0)), legacy_seconds
+
+
+def load_data(args: argparse.Namespace):
+    """The run's data module, loaded and checked (at least 2 images, not all the same)."""
+    from sae.data import DataSourceError, ImageDataModule
+
+    dm = ImageDataModule(args.dataset, args.data_dir, args.batch_size, args.val_size,
+                         limit_train=args.limit_train, limit_test=args.limit_test,
+                         shuffle_seed=args.seed)
+    dm.load()
+    if len(dm.train_x) < 2:
+        raise DataSourceError(f"training needs at least 2 images, got {len(dm.train_x)} "
+                              "(--limit-train)")
+    if not float((dm.train_x - dm.train_mean).pow(2).sum(-1).mean()) > 0:
+        raise DataSourceError("the training images are all the same: their variance is 0")
+    return dm
+
+
+@contextmanager
+def status(label: str):
+    """``label … 2.1 s`` on stdout: the label when the step starts (so a finished progress bar
+    is never the last word while work goes on), its time when it ends."""
+    print(f"{label} …", end="", flush=True)
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        print(" stopped", flush=True)  # the error or interruption follows on its own line
+        raise
+    print(f" {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def finish(args: argparse.Namespace, config: SAEConfig, model, dm, trainer, wall: float) -> dict:
+    """After a completed fit (rank 0): test metrics to ``metrics.json`` and TensorBoard, the
+    feature browser and the report, each with a status line; returns the test metrics."""
     from sae.callbacks import log_test_hparams
+    from sae.convergence import last_epoch_change, read_validation
+    from sae.evaluate import evaluate
+    from sae.io import write_json
 
-    log_test_hparams(loggers, {**asdict(config), **{k: getattr(args, k) for k in (
-        "dataset", "seed", "epochs", "max_steps", "batch_size")}}, result)
+    out = Path(args.out)
+    with status("test metrics"):
+        result, _ = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
+        result.update(last_epoch_change(read_validation(out / "metrics.csv")))
+        result.update(wall_time_s=wall, steps=int(trainer.global_step),
+                      epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
+                      dataset=args.dataset, seed=args.seed, hidden=config.hidden,
+                      fire_threshold=float(model.fire_threshold), **model.result_extras())
+        write_json(out / "metrics.json", result)
+        params = {**asdict(config), **{k: getattr(args, k) for k in (
+            "dataset", "seed", "epochs", "max_steps", "batch_size")}}
+        log_test_hparams(trainer.loggers, params, result, step=int(trainer.global_step))
+        for logger in trainer.loggers:
+            closing = getattr(logger, "close", None)
+            if closing is not None:
+                closing()
     if not args.no_features:
         from sae.features import build_features
 
-        build_features(out, data_dir=args.data_dir)
+        with status("feature browser"):
+            build_features(out, data_dir=args.data_dir)
     if not args.no_report:
         from sae.report import write_report
 
-        write_report(out)
+        with status("report"):
+            write_report(out)
     return result

@@ -2,8 +2,9 @@
 
 One short real run (300 steps, 128 units) is trained, its feature page built with
 ``python -m sae.features``, and both pages are opened from file:// URLs: no console errors, every
-image and sprite decodes, every unit has its anchor, nothing points outside the page, the sort
-buttons and filters work, and the page fits a 400 px wide window.
+image and sprite decodes, every unit has its anchor, nothing points outside the page, the
+sortable headers and filters work, every unit shows its quantile bands, the report link and the
+nearest-unit links land on what exists, and the page fits a 400 px wide window.
 
 Needs ``selenium`` (the ``test`` extra) and Debian's ``chromium`` + ``chromium-driver``; the tests
 skip, saying which is missing, without them.
@@ -107,7 +108,7 @@ def test_every_unit_has_an_anchor_and_sprites_load(driver, run):
     sheets = driver.execute_async_script("""
         var done = arguments[arguments.length - 1];
         var urls = new Set();
-        document.querySelectorAll('.sa, .t i').forEach(function (e) {
+        document.querySelectorAll('.sa, .t i, .t i.a').forEach(function (e) {
           urls.add(getComputedStyle(e).backgroundImage.slice(5, -2));
         });
         Promise.all(Array.from(urls, function (url) {
@@ -117,7 +118,7 @@ def test_every_unit_has_an_anchor_and_sprites_load(driver, run):
                                    function () { return [url.slice(0, 22), 0]; });
         })).then(done);
     """)
-    assert len(sheets) == 2  # one sheet of atoms, one of top inputs
+    assert len(sheets) == 3  # one sheet of atoms, one of shown inputs, one of attributions
     for prefix, width in sheets:
         assert prefix == "data:image/png;base64,"
         assert width > 0
@@ -162,6 +163,80 @@ def test_sort_and_filter_the_index(driver, run):
     assert severe_messages(driver) == []
 
 
+def column(driver, key: str) -> list[float]:
+    """The index rows' data-``key`` values, top to bottom (NaN for empty)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#index tbody tr'),"
+        " r => r.dataset[arguments[0]] === '' ? null : parseFloat(r.dataset[arguments[0]]));",
+        key)
+
+
+@pytest.mark.parametrize("key", ["mean", "st", "sel"])
+def test_a_header_click_sorts_the_index_and_another_reverses_it(driver, run, key):
+    from selenium.webdriver.common.by import By
+
+    open_page(driver, run / "features.html")
+    header = driver.find_element(By.ID, f"sort-{key}")
+    assert header.find_element(By.XPATH, "..").tag_name == "th"
+    header.click()
+    first = column(driver, key)
+    ranked = [v for v in first if v is not None]
+    assert ranked and first[:len(ranked)] == ranked  # empty values (rare units) sort last
+    assert ranked == sorted(ranked, reverse=key != "st")
+    header.click()
+    again = [v for v in column(driver, key) if v is not None]
+    assert again == sorted(ranked, reverse=key == "st")
+    if key == "sel":  # rare and dead units sort last in either direction
+        assert column(driver, key)[len(again):] == [None] * (HIDDEN - len(again))
+    state = driver.execute_script(
+        "return arguments[0].parentElement.getAttribute('aria-sort')", header)
+    assert state == ("descending" if key == "st" else "ascending")
+    assert severe_messages(driver) == []
+
+
+def test_every_live_unit_shows_its_quantile_bands(driver, run):
+    open_page(driver, run / "features.html")
+    cards = driver.execute_script("""
+        return Array.from(document.querySelectorAll('#units > section'), function (c) {
+          return [c.querySelector('.badge.dead') !== null,
+                  Array.from(c.querySelectorAll('.group h4'), h => h.firstChild.textContent),
+                  c.querySelectorAll('.group .t').length, c.querySelectorAll('.t i.a').length];
+        });""")
+    assert len(cards) == HIDDEN
+    live = [c for c in cards if not c[0]]
+    assert live
+    for dead, groups, tiles, attributions in cards:
+        if dead:
+            assert groups == [] and tiles == 0
+            continue
+        assert groups[0] == "Top activations" and groups[1].startswith("Band 1 of ")
+        assert tiles == attributions  # every shown input has its attribution
+    assert any(len(groups) == 4 for _, groups, _, _ in live)  # top + 3 bands
+
+
+def test_report_and_nearest_unit_links_land_on_what_exists(driver, run):
+    from selenium.webdriver.common.by import By
+
+    open_page(driver, run / "features.html")
+    href = driver.find_element(By.ID, "report-link").get_attribute("href")
+    assert href.startswith("file://") and Path(href[len("file://"):]) == run / "report.html"
+    assert (run / "report.html").is_file()
+    targets = driver.execute_script(
+        "return Array.from(document.querySelectorAll('a.near'), a => a.getAttribute('href'));")
+    assert len(targets) == 5 * HIDDEN
+    missing = driver.execute_script(
+        "return arguments[0].filter(h => !document.getElementById(h.slice(1)));", targets)
+    assert missing == []
+    link = driver.find_element(By.CSS_SELECTOR, "#unit-0 a.near")
+    target = link.get_attribute("href").split("#")[1]
+    link.click()
+    assert driver.execute_script("return location.hash") == f"#{target}"
+    top = driver.execute_script(
+        "return document.getElementById(arguments[0]).getBoundingClientRect().top", target)
+    assert abs(top) < 5  # scrolled to the card
+    assert severe_messages(driver) == []
+
+
 def test_features_page_fits_a_narrow_window(driver, run):
     driver.set_window_size(400, 900)
     try:
@@ -181,7 +256,7 @@ def comparison(tmp_path_factory) -> Path:
     """comparison.html of a small constructed sweep (two datasets' results, no training), with
     a run folder that has a report, so the page links to it."""
     from sae import figures
-    from sae.sweep import render, spec, tables
+    from sae.sweep import aggregate, plots, render, spec
 
     # a folder of its own: pages of other tests' sweeps beside it would be linked as siblings
     root = tmp_path_factory.mktemp("comparison") / "sweep"
@@ -206,15 +281,15 @@ def comparison(tmp_path_factory) -> Path:
                          "recon_bias": 0.97, "support_fvu": fvu * 0.8, "adaptive_gain": 0.004,
                          "adaptivity": 0.3, "wall_time_s": 60.0,
                          "run": f"runs/mnist/{model}/{param}{value}/seed{seed}"})
-    results = tables.results_frame(rows)
+    results = aggregate.results_frame(rows)
     run = root / results.loc[0, "run"]
     run.mkdir(parents=True)
     (run / "report.html").write_text("<!DOCTYPE html><title>run</title>")
-    summary = tables.summarize_seeds(results)
-    pngs = {"fvu_vs_l0.png": figures.figure_to_png_bytes(figures.fvu_l0_pareto(summary))}
+    summary = aggregate.summarize_seeds(results)
+    pngs = {"fvu_vs_l0.png": figures.figure_to_png_bytes(plots.fvu_l0_pareto(summary))}
     links = render.related_links(root, sweep.datasets, results)
     page = root / "comparison.html"
-    page.write_text(render.comparison_html(sweep, summary, tables.match_kl(summary),
+    page.write_text(render.comparison_html(sweep, summary, aggregate.match_kl(summary),
                                            {"mnist": 0.926}, pngs, 10, len(results), links),
                     encoding="utf-8")
     return page

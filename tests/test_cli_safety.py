@@ -207,8 +207,7 @@ def test_a_training_stops_when_the_sweep_that_started_it_dies(tmp_path, data_dir
 
 
 def test_a_poisoned_checkpoint_runs_nothing_in_the_api_and_the_sweep_analysis(tmp_path, trained):
-    from sae.checkpoints import CheckpointError
-    from sae.models import load_checkpoint
+    from sae.checkpoints import CheckpointError, load_checkpoint
     from sae.sweep.analysis import DataCache, analyse_run
 
     run = copy_run(trained, tmp_path)

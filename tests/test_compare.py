@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from sae import compare, figures
 from sae.cli import UsageError, build_parser
-from sae.figures import sweep as sweep_figures
+from sae.config import FIXED_BUDGET
 from sae.models import MODELS
-from sae.sweep import analysis, launch, render, spec, tables
+from sae.sweep import aggregate, analysis, display, launch, matching, plots, render, spec
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -92,8 +92,11 @@ def test_presets_are_valid(preset):
     if preset.stem == "quick":
         assert set(sweep.datasets) == {"mnist", "fashion-mnist"} and len(sweep.seeds) == 1
         assert all(len(e.grid) == 2 for e in sweep.models)
-    if preset.stem in ("mnist", "fashion-mnist"):  # the published comparisons: three seeds
-        assert len(sweep.seeds) == 3 and all(len(e.grid) >= 3 for e in sweep.models)
+    if preset.stem in ("mnist", "fashion-mnist"):  # the published comparisons: three seeds,
+        # every model at the levels that bracket L0 16 and 32 (k itself for the fixed budgets)
+        assert len(sweep.seeds) == 3
+        for e in sweep.models:
+            assert ({16, 32} <= set(e.grid)) if e.kind in FIXED_BUDGET else len(e.grid) >= 3
     if preset.stem == "wide":
         assert all(r.settings["hidden"] == 4096 for r in runs) and len(sweep.seeds) == 1
 
@@ -245,8 +248,17 @@ def test_job_env_splits_threads_and_gpus(monkeypatch):
 def test_run_pool_gives_each_job_a_gpu_and_a_thread_share(tmp_path):
     tiny = {**TINY, "common": {**TINY["common"], "accelerator": "gpu"}}
     runs = spec.plan(spec.load_sweep(write_yaml(tmp_path / "s.yaml", tiny)))
-    show = [sys.executable, "-c", "import os, time; time.sleep(0.5); "
-            "print('env', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['OMP_NUM_THREADS'])"]
+    # each job marks its start and waits (at most 30 s) until the other has started too
+    started = tmp_path / "started"
+    started.mkdir()
+    show = [sys.executable, "-c", "import os, pathlib, sys, time\n"
+            "here = pathlib.Path(sys.argv[1])\n"
+            "(here / os.environ['CUDA_VISIBLE_DEVICES']).touch()\n"
+            "end = time.time() + 30\n"
+            "while len(list(here.iterdir())) < 2 and time.time() < end:\n"
+            "    time.sleep(0.01)\n"
+            "print('env', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['OMP_NUM_THREADS'])",
+            str(started)]
     pool = launch.RunPool(jobs=2, threads=3, gpus=["4", "7"])
     futures = [pool.submit(run, show, tmp_path / f"{i}.log") for i, run in enumerate(runs)]
     assert [f.result()[0] for f in futures] == [0, 0]
@@ -276,7 +288,7 @@ def test_outputs_of_a_sweep_with_no_finished_run(tmp_path):
     sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
     written = render.write_outputs(tmp_path, sweep, spec.plan(sweep), {})
     assert {p.name for p in written} >= {"results.csv", "comparison.md", "comparison.html"}
-    assert list(pd.read_csv(tmp_path / "results.csv").columns) == tables.RESULT_COLUMNS
+    assert list(pd.read_csv(tmp_path / "results.csv").columns) == aggregate.RESULT_COLUMNS
     assert "0 of 2 runs finished" in (tmp_path / "comparison.md").read_text()
 
 
@@ -300,12 +312,12 @@ def results(rows):
                  probe_sparsemax_accuracy=1.9 - r["probe_accuracy"], probe_sparsemax_classes=1.5,
                  # like a KL-SAE, whose sub-threshold units also reconstruct
                  fvu_at_l0=r["fvu"] + (0.5 if r["kind"] == "kl" else 0.0))
-    return tables.results_frame(records)
+    return aggregate.results_frame(records)
 
 
 def test_results_frame_has_documented_columns():
-    frame = tables.results_frame([{"dataset": "mnist", "fvu": 0.2, "extra": 1}])
-    assert list(frame.columns) == tables.RESULT_COLUMNS
+    frame = aggregate.results_frame([{"dataset": "mnist", "fvu": 0.2, "extra": 1}])
+    assert list(frame.columns) == aggregate.RESULT_COLUMNS
     assert math.isnan(frame.loc[0, "probe_accuracy"])
 
 
@@ -317,7 +329,7 @@ def test_summarize_seeds_mean_and_sample_std():
         ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.1, 50, 0.95),
         ("mnist", "topk", "topk", "k", 8, 0, 0.5, 8, 0.80),
     ])
-    s = tables.summarize_seeds(frame)
+    s = aggregate.summarize_seeds(frame)
     assert list(zip(s["model"], s["value"], strict=True)) == [("l1", 0.01), ("l1", 0.1),
                                                               ("topk", 8)]
     row = s[(s["model"] == "l1") & (s["value"] == 0.1)].iloc[0]
@@ -327,17 +339,17 @@ def test_summarize_seeds_mean_and_sample_std():
     assert row["l0_mean_std"] == pytest.approx(10.0)
     assert row["probe_accuracy_mean"] == pytest.approx(0.92)
     assert math.isnan(s.iloc[0]["fvu_std"])  # one seed: no spread measured
-    assert tables.summarize_seeds(tables.results_frame([])).empty
+    assert aggregate.summarize_seeds(aggregate.results_frame([])).empty
 
 
 def test_summarize_seeds_ignores_missing_probe():
     frame = results([("mnist", "l1", "l1", "lambda", 0.1, 0, 0.2, 10, 0.9),
                      ("mnist", "l1", "l1", "lambda", 0.1, 1, 0.2, 10, float("nan"))])
-    assert tables.summarize_seeds(frame).loc[0, "probe_accuracy_mean"] == pytest.approx(0.9)
+    assert aggregate.summarize_seeds(frame).loc[0, "probe_accuracy_mean"] == pytest.approx(0.9)
 
 
 def summary(rows):
-    return tables.summarize_seeds(results(rows))
+    return aggregate.summarize_seeds(results(rows))
 
 
 def test_match_kl_nearest_l0_and_deltas():
@@ -347,7 +359,7 @@ def test_match_kl_nearest_l0_and_deltas():
         ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.20, 12, 0.95),
         ("mnist", "topk", "topk", "k", 32, 0, 0.10, 45, 0.85),
     ])
-    m = tables.match_kl(s).set_index("model")
+    m = aggregate.match_kl(s).set_index("model")
     assert len(m) == 2 and "kl" not in m.index
     assert m.loc["l1", "kl_value"] == 0.1 and m.loc["l1", "kl_l0"] == 10
     assert m.loc["l1", "d_fvu"] == pytest.approx(-0.1)
@@ -363,7 +375,7 @@ def test_match_kl_tie_goes_to_smaller_lambda():
         ("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 30, 0.9),
         ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.2, 20, 0.95),
     ])
-    assert tables.match_kl(s).loc[0, "kl_value"] == 0.1
+    assert aggregate.match_kl(s).loc[0, "kl_value"] == 0.1
 
 
 def test_match_kl_stays_within_dataset_and_handles_missing_kl():
@@ -371,12 +383,12 @@ def test_match_kl_stays_within_dataset_and_handles_missing_kl():
         ("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 10, 0.9),
         ("fashion-mnist", "l1", "l1", "lambda", 0.01, 0, 0.2, 10, 0.8),
     ])
-    m = tables.match_kl(s)
+    m = aggregate.match_kl(s)
     assert len(m) == 1 and m.loc[0, "dataset"] == "fashion-mnist"
     assert math.isnan(m.loc[0, "kl_l0"]) and math.isnan(m.loc[0, "d_fvu"])
-    assert "no KL-SAE run" in tables.to_markdown(tables.kl_display(m, "fashion-mnist"))
+    assert "no KL-SAE run" in display.to_markdown(display.kl_display(m, "fashion-mnist"))
     only_kl = summary([("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 10, 0.9)])
-    assert tables.match_kl(only_kl).empty
+    assert aggregate.match_kl(only_kl).empty
 
 
 def test_summary_display_and_markdown():
@@ -385,17 +397,17 @@ def test_summary_display_and_markdown():
         ("mnist", "l1", "l1", "lambda", 0.01, 1, 0.4, 14, 0.92),
         ("mnist", "topk", "topk", "k", 32, 0, 0.1, 32, 0.95),
     ])
-    shown = tables.summary_display(s, "mnist", raw_probe=0.926)
+    shown = display.summary_display(s, "mnist", raw_probe=0.926)
     assert list(shown["model"]) == ["l1", "topk", "raw pixels"]
     assert shown.loc[0, "λ / k"] == "λ = 0.01" and shown.loc[1, "λ / k"] == "k = 32"
     assert shown.loc[0, "FVU"] == "0.3000 ± 0.1414"
     assert shown.loc[1, "FVU"] == "0.1000"  # one seed: no ± part
     assert shown.loc[1, "FVU at L0"] == "0.1000"
     assert shown.loc[2, "probe acc. %"] == "92.60"
-    md = tables.to_markdown(shown).splitlines()
+    md = display.to_markdown(shown).splitlines()
     assert md[0].startswith("| model | λ / k |") and set(md[1]) <= set("|-:")
     assert len(md) == 2 + 3
-    assert "<td class=\"num\">92.60</td>" in tables.to_html(shown)
+    assert "<td class=\"num\">92.60</td>" in display.to_html(shown)
 
 
 def verdict_frame():
@@ -423,7 +435,7 @@ def winners(judged, dataset, band, criterion):
 
 def test_verdict_names_the_best_per_dataset_band_and_criterion():
     s = verdict_frame()
-    judged = tables.verdict(s)
+    judged = matching.verdict(s)
     assert list(dict.fromkeys(judged["band"])) == ["L0 ≤ 20", "20 < L0 ≤ 50", "L0 > 50"]
     # FVU at L0 is compared at L0 16 on every model's curve: topk and sparsemax sit there,
     # l1 is interpolated between L0 13 and 37, the KL-SAE (14 … 30) is out (no exact zeros)
@@ -433,7 +445,7 @@ def test_verdict_names_the_best_per_dataset_band_and_criterion():
     assert low["margin"] == pytest.approx(0.03)
     assert low["excluded"] == "kl at L0 16 (λ = 1 … 0.1)"  # said, not silently dropped
     assert low["n_candidates"] == 3 and low["models"] == ["topk"]
-    l1 = tables.at_l0(s, [16.0]).set_index(["dataset", "model"]).loc[("mnist", "l1")]
+    l1 = matching.at_l0(s, [16.0]).set_index(["dataset", "model"]).loc[("mnist", "l1")]
     w = math.log(16 / 13) / math.log(37 / 13)
     assert l1["fvu_at_l0"] == pytest.approx(0.28 + w * (0.14 - 0.28))
     assert (l1["lo_value"], l1["hi_value"]) == (0.03, 0.01)
@@ -443,13 +455,44 @@ def test_verdict_names_the_best_per_dataset_band_and_criterion():
     assert winners(judged, "mnist", "20 < L0 ≤ 50", "probe accuracy")["winner"].startswith("l1")
     alone = winners(judged, "mnist", "L0 > 50", "FVU at L0")
     assert alone["runner_up"] == "" and math.isnan(alone["margin"])
-    assert not ((tables.at_l0(s)["model"] == "sparsemax")
-                & (tables.at_l0(s)["target"] == 32)).any()  # never extrapolated
-    dead = winners(judged, "mnist", "L0 ≤ 20", "dead units")  # all 10 %: a four-way tie
-    assert len(dead["winners"]) == 4
+    assert not ((matching.at_l0(s)["model"] == "sparsemax")
+                & (matching.at_l0(s)["target"] == 32)).any()  # never extrapolated
+    # dead units are judged at L0 16 too: all 10 %, a four-way tie of the models reaching 16;
+    # only the two taken as they are (sparsemax, topk) have a summary row to mark
+    dead = winners(judged, "mnist", "L0 ≤ 20", "dead units")
+    assert sorted(dead["models"]) == ["kl", "l1", "sparsemax", "topk"]
+    assert sorted(s.loc[i, "model"] for i in dead["winners"]) == ["sparsemax", "topk"]
     assert winners(judged, "fashion-mnist", "L0 ≤ 20", "FVU at L0")["winner"].startswith("topk")
-    assert tables.l0_band(20.0) == "L0 ≤ 20" and tables.l0_band(20.01) == "20 < L0 ≤ 50"
-    assert tables.l0_band(0.0) == "L0 ≤ 20" and tables.l0_band(float("nan")) is None
+    assert matching.l0_band(20.0) == "L0 ≤ 20" and matching.l0_band(20.01) == "20 < L0 ≤ 50"
+    assert matching.l0_band(0.0) == "L0 ≤ 20" and matching.l0_band(float("nan")) is None
+
+
+def test_probe_and_dead_units_are_judged_at_equal_l0():
+    """In the band 20 < L0 ≤ 50, a setting at L0 48 would beat one at L0 32 on probe accuracy
+    and dead units only by being less sparse: both criteria are judged at L0 32 on each
+    model's curve, so the model that is better there wins."""
+    s = summary([
+        ("mnist", "entmax", "entmax", "lambda", 0.03, 0, 0.20, 16, 0.950),
+        ("mnist", "entmax", "entmax", "lambda", 0.003, 0, 0.12, 108, 0.990),  # best, at L0 108
+        ("mnist", "topk", "topk", "k", 32, 0, 0.13, 32, 0.970),
+        ("mnist", "topk", "topk", "k", 64, 0, 0.10, 64, 0.975),
+    ])
+    s.loc[s["value"] == 0.003, "dead_fraction_mean"] = 0.0  # few dead units at L0 108 only
+    judged = matching.verdict(s)
+    probe = winners(judged, "mnist", "L0 > 50", "probe accuracy")
+    at64 = matching.at_l0(s, [64.0]).set_index("model")
+    assert probe["target"] == 64
+    assert probe["winner"].startswith("entmax at L0 64 (λ = 0.03 … 0.003)")  # interpolated
+    assert probe["score"] == pytest.approx(at64.loc["entmax", "probe_accuracy"])
+    assert probe["score"] < 0.99  # not the L0 108 setting's own accuracy
+    mid = winners(judged, "mnist", "20 < L0 ≤ 50", "probe accuracy")
+    at32 = matching.at_l0(s, [32.0]).set_index("model")
+    best = "topk" if at32.loc["topk", "probe_accuracy"] > at32.loc["entmax", "probe_accuracy"] \
+        else "entmax"
+    assert mid["models"] == [best] and mid["n_candidates"] == 2
+    dead = winners(judged, "mnist", "20 < L0 ≤ 50", "dead units")
+    assert dead["score"] == pytest.approx(min(at32["dead_fraction"]))
+    assert dead["models"] == [at32["dead_fraction"].idxmin()]
 
 
 @settings(max_examples=40, deadline=None)
@@ -462,7 +505,7 @@ def test_a_code_without_exact_zeros_never_wins_fvu_at_l0(kl_fvu, kl_extra, other
     rows += [("mnist", "l1", "l1", "lambda", 0.001 * (i + 1), 0, fvu, l0, 0.9)
              for i, (fvu, l0) in enumerate(others)]
     s = summary(rows)  # the KL rows' FVU at L0 is their FVU + 0.5 (see results())
-    judged = tables.verdict(s)
+    judged = matching.verdict(s)
     fvu_rows = judged[judged["criterion"] == "FVU at L0"]
     assert not any("kl" in w for w in fvu_rows["winner"])
     assert not any("kl" in models for models in fvu_rows["models"])
@@ -470,21 +513,21 @@ def test_a_code_without_exact_zeros_never_wins_fvu_at_l0(kl_fvu, kl_extra, other
     target = {"L0 ≤ 20": 16, "20 < L0 ≤ 50": 32, "L0 > 50": 64}
     assert all(r["excluded"].startswith(f"kl at L0 {target[r['band']]} ")
                for _, r in fvu_rows.iterrows())
-    assert list(tables.exact_zeros(s)) == [k != "kl" for k in s["kind"]]
+    assert list(aggregate.exact_zeros(s)) == [k != "kl" for k in s["kind"]]
 
 
 def test_best_cells_are_marked_in_markdown_and_html():
     s = verdict_frame()
-    judged = tables.verdict(s)
-    best = tables.best_cells(s, "mnist", judged)
-    shown = tables.summary_display(s, "mnist")
+    judged = matching.verdict(s)
+    best = display.best_cells(s, "mnist", judged)
+    shown = display.summary_display(s, "mnist")
     row = list(zip(shown["model"], shown["λ / k"], strict=True)).index(("topk", "k = 16"))
     assert (row, "FVU at L0") in best
     kl_row = list(shown["model"]).index("kl")
     assert (kl_row, "FVU at L0") not in best and (kl_row, "FVU") not in best
-    md = tables.to_markdown(shown, best).splitlines()
+    md = display.to_markdown(shown, best).splitlines()
     assert "**0.1700**" in md[2 + row] and "**" not in md[2 + kl_row].split("|")[6]
-    html = tables.to_html(shown, best)
+    html = display.to_html(shown, best)
     assert html.count('class="num best"') == len(best)
     assert '<td class="num best">0.1700</td>' in html
     # the new measures have their columns
@@ -496,14 +539,14 @@ def test_comparison_page_states_the_verdict_and_findings(tmp_path):
     s = verdict_frame()
     (tmp_path / "runs").mkdir()
     raw = {"mnist": {"probe_accuracy": 0.926}}
-    page = render.comparison_html(sweep, s, tables.match_kl(s), raw, {}, 9, 9)
-    md = render.comparison_markdown(sweep, s, tables.match_kl(s), raw, 9, 9)
+    page = render.comparison_html(sweep, s, aggregate.match_kl(s), raw, {}, 9, 9)
+    md = render.comparison_markdown(sweep, s, aggregate.match_kl(s), raw, 9, 9)
     for text in (page, md):
         assert "Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0" in text
         assert "Lowest FVU at equal L0, per L0 band: topk in 3 of 3" in text
         assert "Out of the FVU-at-L0 contest: kl (no exact zeros)" in text
     assert 'class="num best"' in page and "**0.1700**" in md
-    lines = render.findings(s, tables.verdict(s), "mnist")
+    lines = render.findings(s, matching.verdict(s), "mnist")
     assert any(line.startswith("Best probe accuracy: L0 ≤ 20: sparsemax") for line in lines)
 
 
@@ -517,34 +560,41 @@ def test_headline_sets_every_model_at_l0_16_and_32():
         ("mnist", "topk", "topk", "k", 32, 0, 0.11, 31.0, 0.973),   # within 5 % of 32
         ("fashion-mnist", "topk", "topk", "k", 16, 0, 0.12, 16, 0.86),
     ])
-    head = tables.headline(s)
+    head = matching.headline(s)
     assert list(zip(head["dataset"], head["target"], head["model"], strict=True)) == [
         ("mnist", 16, "l1"), ("mnist", 16, "topk"), ("mnist", 32, "l1"), ("mnist", 32, "topk"),
         ("fashion-mnist", 16, "topk")]
-    shown = tables.headline_display(s, "mnist")
+    shown = display.headline_display(s, "mnist")
     assert list(shown["target"]) == ["16", "16", "32", "32"]
     assert list(shown["L0"]) == ["16.0", "16.0", "32.0", "31.0"]  # the L0 each row stands for
     assert list(shown["from"]) == ["λ = 0.03 … 0.01", "k = 16", "λ = 0.03 … 0.01", "k = 32"]
     w = math.log(16 / 13) / math.log(37 / 13)  # l1's seed mean at λ 0.01 is 0.15
     assert shown.loc[0, "FVU at L0"] == f"{0.28 + w * (0.15 - 0.28):.4f}"
     assert shown.loc[1, "FVU at L0"] == "0.1700" and shown.loc[3, "FVU at L0"] == "0.1100"
-    assert tables.headline(s.iloc[:0]).empty
+    assert matching.headline(s.iloc[:0]).empty
 
 
 def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
     s = verdict_frame()
-    soft = winners(tables.verdict(s), "mnist", "L0 ≤ 20", "probe accuracy")
-    judged = tables.verdict(s, "sparsemax")
+    soft = winners(matching.verdict(s), "mnist", "L0 ≤ 20", "probe accuracy")
+    judged = matching.verdict(s, "sparsemax")
     sparse = winners(judged, "mnist", "L0 ≤ 20", "probe accuracy")
     assert soft["winner"].startswith("sparsemax") and soft["metric"] == "probe_accuracy"
-    assert sparse["winner"].startswith("kl") and sparse["metric"] == "probe_sparsemax_accuracy"
-    assert sparse["score"] == pytest.approx(0.96)
+    assert sparse["winner"].startswith("kl at L0 16 (λ = 1 … 0.1)")
+    assert sparse["metric"] == "probe_sparsemax_accuracy"
+    kl16 = matching.at_l0(s, [16.0]).set_index(["dataset", "model"]).loc[("mnist", "kl")]
+    assert sparse["score"] == pytest.approx(kl16["probe_sparsemax_accuracy"])
+    assert 0.96 < sparse["score"] < 0.97  # between its settings at L0 14 (0.96) and 30 (0.97)
     raw = {"probe_accuracy": 0.926, "probe_sparsemax_accuracy": 0.91,
            "probe_sparsemax_classes": 1.7}
-    shown = tables.summary_display(s, "mnist", raw)
+    shown = display.summary_display(s, "mnist", raw)
     kl_row = list(zip(shown["model"], shown["λ / k"], strict=True)).index(("kl", "λ = 1"))
-    best = tables.best_cells(s, "mnist", judged)
-    assert (kl_row, "sparsemax probe %") in best and (kl_row, "probe acc. %") not in best
+    topk_row = list(zip(shown["model"], shown["λ / k"], strict=True)).index(("topk", "k = 32"))
+    best = display.best_cells(s, "mnist", judged)
+    # at L0 32 topk (taken as it is) has the best sparsemax probe; the softmax probe's winner
+    # there is l1, interpolated; the KL-SAE's win at L0 16 is interpolated: no cell to mark
+    assert (topk_row, "sparsemax probe %") in best and (topk_row, "probe acc. %") not in best
+    assert (kl_row, "sparsemax probe %") not in best
     # both probes are tabled whichever one the verdict judges
     assert shown.loc[kl_row, "probe acc. %"] == "94.00"
     assert shown.loc[kl_row, "sparsemax probe %"] == "96.00"
@@ -557,7 +607,7 @@ def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
     sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", {**TINY, "probe_loss": "sparsemax"}))
     assert sweep.probe_loss == "sparsemax"
     assert spec.load_sweep(write_yaml(tmp_path / "t.yaml", TINY)).probe_loss == "softmax"
-    md = render.comparison_markdown(sweep, s, tables.match_kl(s), {"mnist": raw}, 9, 9)
+    md = render.comparison_markdown(sweep, s, aggregate.match_kl(s), {"mnist": raw}, 9, 9)
     assert "Best sparsemax-probe accuracy" in md and "| 91.00 |" in md
 
 
@@ -570,8 +620,9 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     (sweeps / "wide" / "comparison.html").write_text("x")  # another preset on the same dataset
     (sweeps / "empty").mkdir()  # no page: no link
     (tmp_path / "figures" / "gallery").mkdir(parents=True)
-    (tmp_path / "figures" / "gallery" / "README.md").write_text("x")
-    frame = tables.results_frame([
+    (tmp_path / "figures" / "gallery" / "README.md").write_text("x")  # raw text: not linked
+    (tmp_path / "figures" / "gallery" / "index.html").write_text("x")
+    frame = aggregate.results_frame([
         {"dataset": "mnist", "model": "l1", "param": "lambda", "value": 0.01, "seed": 0,
          "run": "runs/mnist/l1/lambda0.01/seed0"},
         {"dataset": "mnist", "model": "l1", "param": "lambda", "value": 0.01, "seed": 1,
@@ -581,7 +632,7 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     links = render.related_links(here, ["mnist"], frame)
     assert links["pages"] == [("fashion-mnist comparison", "../fashion-mnist/comparison.html"),
                               ("wide comparison", "../wide/comparison.html"),
-                              ("figure gallery", "../../figures/gallery/README.md")]
+                              ("figure gallery", "../../figures/gallery/index.html")]
     assert links["runs"] == {"mnist": [("l1 λ = 0.01 seed 0",
                                         "runs/mnist/l1/lambda0.01/seed0/report.html")]}
     assert links["unbuilt"] == [] and render.build_note(links) is None
@@ -593,8 +644,10 @@ def test_related_links_exist_or_are_left_out(tmp_path):
     published = tmp_path / "figures" / "compare" / "mnist"
     published.mkdir(parents=True)
     links = render.related_links(published, ["mnist"], frame)
-    assert links == {"pages": [("figure gallery", "../../gallery/README.md")], "runs": {},
+    assert links == {"pages": [("figure gallery", "../../gallery/index.html")], "runs": {},
                      "unbuilt": []}
+    (tmp_path / "figures" / "gallery" / "index.html").unlink()  # a README alone is no page
+    assert render.related_links(published, ["mnist"], frame)["pages"] == []
 
 
 def test_publish_page_renders_without_runs(tmp_path):
@@ -639,9 +692,9 @@ def axes_labelled(fig, prefix: str) -> list:
 
 def test_comparison_plots_render():
     s, l0, per_class, corr = plot_frames()
-    made = [figures.fvu_l0_pareto(s), figures.probe_vs_l0(s, {"mnist": 0.926}),
-            figures.l0_distributions(l0), figures.class_l0_heatmap(per_class),
-            figures.l0_ink_correlation(corr)]
+    made = [plots.fvu_l0_pareto(s), plots.probe_vs_l0(s, {"mnist": 0.926}),
+            plots.l0_distributions(l0), plots.class_l0_heatmap(per_class),
+            plots.l0_ink_correlation(corr)]
     assert len(made[1].axes) == 2
     assert len(made[2].axes) == 3  # one panel per dataset x model
     text = " ".join(t.get_text() for t in made[4].findobj(lambda o: hasattr(o, "get_text")))
@@ -652,13 +705,13 @@ def test_comparison_plots_render():
 
 def test_fvu_plot_keeps_codes_without_exact_zeros_off_its_main_axes():
     s, *_ = plot_frames()
-    fig = figures.fvu_l0_pareto(s)
+    fig = plots.fvu_l0_pareto(s)
     main = {ax.get_label(): ax for ax in axes_labelled(fig, "main:")}
     loose = {ax.get_label(): ax for ax in axes_labelled(fig, "loose:")}
     assert set(main) == {"main:mnist", "main:fashion-mnist"}
     assert set(loose) == {"loose:mnist", "loose:fashion-mnist"}
     ax = main["main:mnist"]
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = ax.get_legend_handles_labels()[1]  # the entries this axes gives the legend
     assert "l1" in legend and not any(label.startswith("kl") for label in legend)
     # no drawn point of the main axes is the KL-SAE's (FVU 0.31 or FVU at L0 0.81)
     ys = np.concatenate([np.asarray(line.get_ydata(), float) for line in ax.get_lines()])
@@ -667,13 +720,18 @@ def test_fvu_plot_keeps_codes_without_exact_zeros_off_its_main_axes():
     front = next(ln for ln in ax.get_lines() if "Pareto" in ln.get_label())
     assert list(front.get_ydata()) == [0.4, 0.2]
     kl_panel = loose["loose:mnist"]
-    kl_legend = [t.get_text() for t in kl_panel.get_legend().get_texts()]
+    kl_legend = kl_panel.get_legend_handles_labels()[1]
     assert kl_legend == ["kl: FVU", "kl: FVU at L0"] and "no exact zeros" in kl_panel.get_title()
+    shown = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend, outside the axes
+    assert {"l1", "kl: FVU", "kl: FVU at L0", "Pareto frontier"} <= set(shown)
+    # the KL-SAE's panel has the same L0 scale as the main one above it
+    assert kl_panel.get_xscale() == ax.get_xscale() == "log"
+    assert kl_panel.get_xlim() == ax.get_xlim()
     kl_ys = {round(float(y), 3) for line in kl_panel.get_lines() for y in line.get_ydata()}
     assert {0.31, 0.81} <= kl_ys
     assert "none" in " ".join(t.get_text() for t in loose["loose:fashion-mnist"].texts)
     # without any such code there is no second row
-    exact_only = figures.fvu_l0_pareto(s[s["kind"] != "kl"])
+    exact_only = plots.fvu_l0_pareto(s[s["kind"] != "kl"])
     assert not axes_labelled(exact_only, "loose:")
 
 
@@ -681,7 +739,7 @@ def test_point_labels_do_not_overlap():
     rows = [("mnist", m, m, "lambda", lam, 0, 0.2 + 0.001 * i, 20 + 0.3 * i, 0.9)
             for i, (m, lam) in enumerate([(m, lam) for m in ("l1", "sparsemax", "entmax")
                                           for lam in (0.003, 0.01, 0.03)])]
-    fig = figures.fvu_l0_pareto(summary(rows))
+    fig = plots.fvu_l0_pareto(summary(rows))
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     renderer = FigureCanvasAgg(fig).get_renderer()
@@ -693,14 +751,89 @@ def test_point_labels_do_not_overlap():
             assert not a.overlaps(b)
 
 
+def test_point_labels_cross_no_line():
+    """A λ / k label is not drawn across a line: no point of any line of the axes lies in it."""
+    rows = [("mnist", m, m, "lambda", lam, 0, fvu, l0, 0.9)
+            for m, shift in (("l1", 0.0), ("sparsemax", 0.01), ("topk", 0.02))
+            for lam, fvu, l0 in ((0.03, 0.3 + shift, 10), (0.01, 0.2 + shift, 20),
+                                 (0.003, 0.1 + shift, 40))]
+    fig = plots.fvu_l0_pareto(summary(rows))
+    ax = fig.axes[0]
+    assert len(ax.texts) >= 6
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    to_axes = ax.transScale + ax.transLimits  # after layout
+    lines = plots._line_points(ax, to_axes, step=0.002)
+    frac = ax.transAxes.inverted()
+    for text in ax.texts:
+        (x0, y0), (x1, y1) = frac.transform(text.get_window_extent(renderer).get_points())
+        inside = ((lines[:, 0] > x0) & (lines[:, 0] < x1) & (lines[:, 1] > y0)
+                  & (lines[:, 1] < y1))
+        assert not inside.any(), text.get_text()
+
+
+def test_a_model_looks_the_same_whatever_else_a_figure_holds():
+    s, *_ = plot_frames()
+    colour = {}
+    for models in (["l1", "kl", "topk"], ["topk"], ["kl", "topk"]):
+        fig = plots.probe_vs_l0(s[s["model"].isin(models)])
+        for container in (c for ax in fig.axes for c in ax.containers):
+            if container.get_label() == "topk":  # an error-bar plot: its data line first
+                line = container.lines[0]
+                colour.setdefault(len(models), (line.get_color(), line.get_marker()))
+    assert len(set(colour.values())) == 1 and len(colour) == 3
+    assert colour[1] == (figures.common.model_style("topk")["color"],
+                         figures.common.model_style("topk")["marker"])
+
+
+def suptitle(fig):
+    """The figure's title as a text artist (found among its artists by its text)."""
+    from matplotlib.text import Text
+
+    return next(t for t in fig.findobj(Text) if t.get_text() == fig.get_suptitle())
+
+
+def test_titles_fit_and_say_what_the_bars_are():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    s, *_ = plot_frames()
+    two = summary([("mnist", "l1", "l1", "lambda", lam, seed, 0.2 + 0.01 * seed, l0, 0.9)
+                   for lam, l0 in ((0.01, 20), (0.03, 10)) for seed in (0, 1)])
+    one = two[two["n_seeds"] > 0].assign(n_seeds=1, l0_mean_std=np.nan, fvu_std=np.nan,
+                                         probe_accuracy_std=np.nan)
+    for frame, wording in ((two, "mean ± std over seeds"), (one, "one seed")):
+        for probe_loss in ("softmax", "sparsemax"):
+            for fig in (plots.fvu_l0_pareto(frame),
+                        plots.probe_vs_l0(frame, {"mnist": 0.9}, probe_loss)):
+                title = fig.get_suptitle()
+                assert wording in title
+                assert ("mean ± std" in title) == (wording != "one seed")
+                renderer = FigureCanvasAgg(fig).get_renderer()
+                fig.draw(renderer)
+                box = suptitle(fig).get_window_extent(renderer)
+                assert box.x0 >= 0 and box.x1 <= fig.bbox.width  # the title is not cut off
+                legend = fig.legends[0].get_window_extent(renderer)
+                assert not box.overlaps(legend)
+    single_plot = plots.l0_ink_correlation(pd.DataFrame({
+        "dataset": ["mnist"] * 2, "model": ["l1", "topk"], "kind": ["l1", "topk"],
+        "config": ["λ = 0.1", "k = 8"], "l0_ink_corr": [0.5, 0.2]}))
+    renderer = FigureCanvasAgg(single_plot).get_renderer()
+    single_plot.draw(renderer)
+    tight = single_plot.get_tightbbox(renderer)
+    title = suptitle(single_plot).get_window_extent(renderer)
+    assert tight.x0 <= title.x0 and title.x1 <= single_plot.bbox.width
+
+
 def test_comparison_plots_accept_empty_frames():
-    empty = tables.summarize_seeds(tables.results_frame([]))
-    for fig in (figures.fvu_l0_pareto(empty), figures.probe_vs_l0(empty),
-                figures.l0_distributions(pd.DataFrame(columns=["dataset", "model", "config",
+    empty = aggregate.summarize_seeds(aggregate.results_frame([]))
+    for fig in (plots.fvu_l0_pareto(empty), plots.probe_vs_l0(empty),
+                plots.l0_distributions(pd.DataFrame(columns=["dataset", "model", "config",
                                                                 "l0"])),
-                figures.class_l0_heatmap(pd.DataFrame(columns=["dataset", "model", "config",
+                plots.class_l0_heatmap(pd.DataFrame(columns=["dataset", "model", "config",
                                                                 "class", "l0"])),
-                figures.l0_ink_correlation(pd.DataFrame(columns=["dataset", "model", "config",
+                plots.l0_ink_correlation(pd.DataFrame(columns=["dataset", "model", "config",
                                                                   "l0_ink_corr"]))):
         assert figures.figure_to_png_bytes(fig, dpi=30).startswith(b"\x89PNG")
 
@@ -708,7 +841,7 @@ def test_comparison_plots_accept_empty_frames():
 def test_pareto_front():
     l0 = np.array([5.0, 10, 20, 8, 30])
     err = np.array([0.5, 0.3, 0.1, 0.6, 0.2])
-    assert list(sweep_figures._pareto_front(l0, err)) == [0, 1, 2]
+    assert list(plots._pareto_front(l0, err)) == [0, 1, 2]
 
 
 # --------------------------------------------------------------------------- the runner
@@ -737,7 +870,7 @@ def test_quick_preset_writes_tables_and_page(finished_sweep):
     n = n_runs(preset)
     assert result.stdout.count("trained in") == n and f"[{n}/{n}]" in result.stdout
     frame = pd.read_csv(out / "results.csv")
-    assert list(frame.columns) == tables.RESULT_COLUMNS and len(frame) == n
+    assert list(frame.columns) == aggregate.RESULT_COLUMNS and len(frame) == n
     assert set(frame["model"]) == set(MODELS) and set(frame["seed"]) == {0}
     assert set(frame["dataset"]) == {"mnist", "fashion-mnist"}
     assert frame["probe_accuracy"].between(0, 1).all() and frame["wall_time_s"].gt(0).all()

@@ -3,6 +3,9 @@ import struct
 
 import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sae.data import IDX_FILES, DataSourceError, ImageDataModule, load_arrays, read_idx
 
@@ -116,3 +119,46 @@ def test_real_mnist_class_counts(data_dir):
     assert arrays.train_images.shape == (60000, 28, 28)
     counts = np.bincount(arrays.test_labels, minlength=10).tolist()
     assert counts == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 50),
+       batch=st.integers(1, 64), data=st.data())
+def test_data_order_resumes_mid_epoch_where_it_stopped(n, seed, epoch, batch, data):
+    """A loader whose order is restored from the state saved after b batches serves the rest
+    of the epoch's order, and the next epoch as one never stopped."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from sae.data import EpochShuffle
+
+    def loader():
+        rows = TensorDataset(torch.arange(n))
+        return DataLoader(rows, batch_size=batch, sampler=EpochShuffle(n, seed))
+
+    plain = loader()
+    plain.sampler.set_epoch(epoch)
+    full = [b[0].tolist() for b in plain]
+    stop = data.draw(st.integers(0, len(full)))
+    first = loader()
+    first.sampler.set_epoch(epoch)
+    it = iter(first)
+    for _ in range(stop):
+        next(it)
+    state = first.sampler.state_dict()
+    assert state == {"epoch": epoch, "served": min(stop * batch, n)}
+    resumed = loader()
+    it = iter(resumed)  # made before the position is set, as Lightning does
+    resumed.sampler.load_state_dict(state)
+    assert [b[0].tolist() for b in it] == full[stop:]
+    resumed.sampler.set_epoch(epoch + 1)
+    plain.sampler.set_epoch(epoch + 1)
+    assert [b[0].tolist() for b in resumed] == [b[0].tolist() for b in plain]
+
+
+@pytest.mark.parametrize("state", [{"epoch": -1, "served": 0}, {"epoch": 1, "served": True},
+                                   {"epoch": 1}, {"epoch": 1.5, "served": 3}])
+def test_a_damaged_data_order_state_is_refused(state):
+    from sae.data import EpochShuffle
+
+    with pytest.raises(ValueError, match="data order"):
+        EpochShuffle(10).load_state_dict(state)

@@ -1,4 +1,5 @@
-"""Tests for sae.features (statistics, page, CLI) and sae.embedding, without a browser."""
+"""Tests for sae.features (statistics, page, CLI) and sae.figures.embedding, without a
+browser."""
 
 from __future__ import annotations
 
@@ -18,19 +19,21 @@ from hypothesis.extra.numpy import arrays
 from matplotlib.figure import Figure
 from PIL import Image
 
-from sae.embedding import embed_codes, embedding_figure
 from sae.features import feature_stats, render_features_page
+from sae.features.stats import attributions, band_examples, nearest_units, probe_weights
+from sae.figures.embedding import embed_codes, embedding_figure
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def stats_of(codes, labels, threshold=0.0, n_classes=None, n_top=4, atoms=None, x=None):
+def stats_of(codes, labels, threshold=0.0, n_classes=None, n_top=4, atoms=None, x=None,
+             **kwargs):
     codes = np.asarray(codes, dtype=np.float32)
     n, h = codes.shape
     x = np.zeros((n, 4), np.float32) if x is None else x
     atoms = np.ones((x.shape[1], h), np.float32) if atoms is None else atoms
     return feature_stats(codes, np.asarray(labels), x, atoms, threshold, n_top=n_top,
-                         n_classes=n_classes)
+                         n_classes=n_classes, **kwargs)
 
 
 # --------------------------------------------------------------------------- feature_stats
@@ -142,6 +145,125 @@ def test_atom_cosine_is_1_when_the_atom_draws_its_top_inputs():
     np.testing.assert_allclose(s["atoms"], atoms.T)
 
 
+@settings(max_examples=60, deadline=None)
+@given(codes=sparse_codes, n_bands=st.integers(1, 4), per_band=st.integers(1, 5))
+def test_band_examples_come_from_their_quantile_band(codes, n_bands, per_band):
+    """Band b holds inputs whose firing rank (strongest first) lies in the b-th equal-count
+    slice of the unit's firings, strongest first, distinct, each the middle of its share."""
+    fires = codes > 0
+    index, act, low, high = band_examples(codes, fires, n_bands, per_band)
+    for j in range(codes.shape[1]):
+        fired = np.sort(codes[fires[:, j], j])[::-1]
+        m = len(fired)
+        for b in range(n_bands):
+            lo, hi = b * m // n_bands, (b + 1) * m // n_bands
+            k = min(per_band, hi - lo)
+            picked = index[j, b]
+            assert (picked[k:] == -1).all() and (act[j, b, k:] == 0).all()
+            if k == 0:
+                assert np.isnan(low[j, b]) and np.isnan(high[j, b])
+                continue
+            assert len(set(picked[:k].tolist())) == k and fires[picked[:k], j].all()
+            np.testing.assert_array_equal(codes[picked[:k], j], act[j, b, :k])
+            assert high[j, b] == fired[lo] and low[j, b] == fired[hi - 1]
+            assert (act[j, b, :k] <= fired[lo]).all() and (act[j, b, :k] >= fired[hi - 1]).all()
+            assert (np.diff(act[j, b, :k]) <= 0).all()  # strongest first
+            ranks = lo + (2 * np.arange(k) + 1) * (hi - lo) // (2 * k)  # middles of k shares
+            np.testing.assert_array_equal(act[j, b, :k], fired[ranks])
+
+
+def test_band_examples_spread_over_a_band():
+    codes = np.arange(1, 31, dtype=np.float32)[:, None]  # 30 firings: 30 (strongest) ... 1
+    index, act, low, high = band_examples(codes, codes > 0, n_bands=3, per_band=2)
+    np.testing.assert_array_equal(act[0], [[28, 23], [18, 13], [8, 3]])
+    np.testing.assert_array_equal(high[0], [30, 20, 10])
+    np.testing.assert_array_equal(low[0], [21, 11, 1])
+    np.testing.assert_array_equal(index[0], act[0] - 1)
+
+
+def test_nearest_units_by_decoder_cosine():
+    atoms = np.array([[1, 0, 0], [0.9, 0.1, 0], [0, 1, 0], [-1, 0, 0], [0, 0, 0]], np.float32)
+    index, cosine = nearest_units(atoms, k=2)
+    assert index.shape == cosine.shape == (5, 2)
+    assert index[0].tolist() == [1, 2] or index[0].tolist() == [1, 4]
+    assert cosine[0, 0] == pytest.approx(0.9 / np.hypot(0.9, 0.1), rel=1e-6)
+    assert index[3, 0] in (2, 4) and cosine[3, 0] == pytest.approx(0.0, abs=1e-6)
+    assert (index != np.arange(5)[:, None]).all()  # never itself
+    np.testing.assert_allclose(cosine[4], 0)  # a zero atom is at cosine 0 from all
+    full, cos_full = nearest_units(atoms, k=10)
+    assert full.shape == (5, 4) and (np.diff(cos_full, axis=1) <= 1e-7).all()
+    assert nearest_units(atoms[:1])[0].shape == (1, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), h=st.integers(1, 5), e=st.integers(1, 4))
+def test_attributions_sum_to_the_pre_activation(seed, h, e):
+    """(x − b_dec) ⊙ w_j: its pixels sum to w_j · (x − b_dec); a pixel is positive where the
+    input and the encoder row agree in sign; empty slots are zero."""
+    rng = np.random.default_rng(seed)
+    x, centre = rng.random((7, 6)).astype(np.float32), rng.random(6).astype(np.float32)
+    encoder = rng.normal(size=(h, 6)).astype(np.float32)
+    index = rng.integers(-1, 7, (h, e))
+    attr = attributions(x - centre, encoder, index)
+    assert attr.shape == (h, e, 6)
+    for j in range(h):
+        for s, i in enumerate(index[j]):
+            if i < 0:
+                assert (attr[j, s] == 0).all()
+                continue
+            pre = encoder[j] @ (x[i] - centre)
+            assert attr[j, s].sum() == pytest.approx(pre, abs=1e-5)
+            agree = np.sign(x[i] - centre) * np.sign(encoder[j])
+            assert (np.sign(attr[j, s]) == agree).all()
+
+
+def test_feature_stats_quantises_attributions_per_unit():
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 4)).astype(np.float32)
+    codes = np.maximum(rng.normal(size=(40, 3)), 0).astype(np.float32)
+    codes[:, 2] = 0  # dead: no attributions
+    encoder = rng.normal(size=(3, 4)).astype(np.float32)
+    centre = x.mean(0)
+    s = stats_of(codes, np.arange(40) % 2, x=x, atoms=np.ones((4, 3), np.float32), n_top=3,
+                 encoder=encoder, centre=centre)
+    assert s["top_attribution"].shape == (3, 3, 4) and s["top_attribution"].dtype == np.int8
+    assert s["band_attribution"].shape == (3, 3, 3, 4)
+    for j in range(2):
+        i = s["top_index"][j, 0]
+        exact = (x[i] - centre) * encoder[j]
+        np.testing.assert_allclose(s["top_attribution"][j, 0] / 127 * s["attribution_scale"][j],
+                                   exact, atol=s["attribution_scale"][j] / 127)
+        assert np.abs(s["top_attribution"][j]).max() <= 127
+    assert (s["top_attribution"][2] == 0).all() and s["attribution_scale"][2] == 0
+
+
+def test_rare_units_do_not_rank_on_selectivity():
+    labels = np.arange(100) % 2
+    codes = np.zeros((100, 2), np.float32)
+    codes[labels == 0, 0] = 1.0  # 50 firings, all class 0
+    codes[[0, 2, 4], 1] = 1.0  # 3 firings, all class 0: as selective, but by chance
+    s = stats_of(codes, labels, n_classes=2)
+    assert s["selectivity"].tolist() == pytest.approx([1.0, 1.0])
+    assert s["ranked"].tolist() == [True, False] and int(s["min_firings"]) == 20
+    assert stats_of(codes, labels, n_classes=2, min_firings=3)["ranked"].all()
+    page = render_features_page(s, np.zeros((100, 2, 2), np.uint8), "rare")
+    rows = dict(re.findall(r'<tr data-j="(\d+)"[^>]*data-sel="([^"]*)"', page))
+    assert rows == {"0": "1.0000", "1": ""}  # the rare unit's selectivity sorts last
+    assert "rare</td>" in page and "at least 20 test inputs" in page
+
+
+def test_probe_weights_vote_for_the_class_a_unit_fires_on():
+    rng = np.random.default_rng(0)
+    labels = np.arange(300) % 3
+    codes = (rng.random((300, 4)) * 0.1).astype(np.float32)
+    codes[labels == 1, 0] += 2.0  # unit 0 marks class 1
+    codes[labels == 2, 1] += 2.0  # unit 1 marks class 2
+    weights, accuracy = probe_weights(codes, labels, 3)
+    assert weights.shape == (4, 3)
+    assert weights[0].argmax() == 1 and weights[1].argmax() == 2
+    assert accuracy > 0.95
+
+
 @pytest.mark.parametrize("bad", [
     dict(codes=np.zeros((0, 3))), dict(labels=np.zeros(4, int)), dict(atoms=np.zeros((4, 2))),
     dict(labels=np.full(5, 7), n_classes=3), dict(n_top=0)])
@@ -211,7 +333,8 @@ def test_sprites_hold_every_atom_and_every_shown_input(page_parts):
     s, images, page, _ = page_parts
     atoms = _sprite(page, ".sa")
     assert atoms.mode == "P" and atoms.size == (7 * 8, 8)  # 7 tiles in one row
-    used = np.unique(s["top_index"][s["top_index"] >= 0])
+    shown = np.concatenate([s["top_index"].ravel(), s["band_index"].ravel()])
+    used = np.unique(shown[shown >= 0])
     sheet = _sprite(page, ".t i")
     assert sheet.mode == "P"
     inputs = np.asarray(sheet.convert("L"), dtype=float)
@@ -219,9 +342,33 @@ def test_sprites_hold_every_atom_and_every_shown_input(page_parts):
     for slot, i in enumerate(used):  # ink-dark copies of the inputs (16 greys), in index order
         tile = inputs[:, slot * 8:(slot + 1) * 8]
         np.testing.assert_allclose(tile, 255 - images[i], atol=255 / 30 + 0.5)
-    shown = np.minimum(s["fire_count"], 12).sum()
-    assert page.count('<div class="t"') == shown
+    tiles = (s["top_index"] >= 0).sum() + (s["band_index"] >= 0).sum()
+    assert page.count('<div class="t"') == tiles
     assert page.count('class="sa"') == 7
+
+
+def test_page_draws_attributions_histogram_axes_nearest_units_and_the_report_link():
+    rng = np.random.default_rng(2)
+    n, h, side = 80, 6, 4
+    images = rng.random((n, side, side)).astype(np.float32)
+    codes = np.where(rng.random((n, h)) < 0.5, rng.random((n, h)), 0).astype(np.float32)
+    x = images.reshape(n, -1)
+    s = feature_stats(codes, np.arange(n) % 2, x, rng.normal(size=(side * side, h)), n_top=3,
+                      encoder=rng.normal(size=(h, side * side)), centre=x.mean(0))
+    page = render_features_page(s, images, "attr", report=("report.html", False))
+    tiles = (s["top_index"] >= 0).sum() + (s["band_index"] >= 0).sum()
+    assert page.count('<i class="a"') == tiles  # one attribution per shown input
+    sheet = _sprite(page, ".t i.a")
+    assert sheet.size[0] * sheet.size[1] >= tiles * side * side
+    assert page.count(">activation</text>") == page.count(">count</text>") == h
+    for j in range(h):
+        card = re.search(f'<section class="unit" id="unit-{j}".*?</section>', page, re.S)[0]
+        near = re.findall(r'class="near" href="#unit-(\d+)"', card)
+        assert near == [str(k) for k in s["nearest_index"][j]] and str(j) not in near
+    assert '<a id="report-link" href="report.html">' in page
+    assert "python -m sae.report RUN" in page  # the report does not exist yet: say how
+    assert "only the strongest" not in page  # a small page draws every attribution
+    assert 'id="report-link"' not in render_features_page(s, images, "attr")
 
 
 def test_page_rejects_images_that_do_not_match_the_atoms(page_parts):

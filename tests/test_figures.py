@@ -319,6 +319,24 @@ def test_training_curves_all_panels():
     render(fig)
 
 
+def test_training_curves_show_warm_up_from_zero_and_bound_dead_units():
+    """λ_t's axis starts at 0 (the warm-up's rise shows even when the first logged λ_t is not
+    0); one dead unit of 512 stays a small step on the dead-units axis, whose legend says where
+    units were counted dead."""
+    frame = history()
+    frame["train/lambda"] = np.where(frame["step"] < 50, 0.0045 + frame["step"] * 1e-4, 0.01)
+    frame["train/dead_fraction"] = np.where(frame["step"] % 2, 1 / 512, 0.0)
+    fig = F.training_curves(frame)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    lam = next(ax for t, ax in by_title.items() if "λ" in t)
+    assert lam.get_yscale() == "linear" and lam.get_ylim()[0] == 0.0
+    dead = next(ax for t, ax in by_title.items() if t.startswith("Dead"))
+    assert dead.get_ylim()[0] == 0.0 and dead.get_ylim()[1] >= 0.05
+    labels = [text.get_text() for text in dead.get_legend().get_texts()]
+    assert any("validation set" in label for label in labels)
+    render(fig)
+
+
 def test_training_curves_skips_unlogged_panels():
     frame = history()[["step", "epoch", "train/loss", "train/l0"]]
     fig = F.training_curves(frame)
@@ -422,3 +440,38 @@ def test_no_global_state_leaks(rng, freq):
     F.training_curves(history(20))
     assert plt.get_fignums() == figs_before  # nothing registered with pyplot
     assert dict(mpl.rcParams) == before  # seaborn style applied only while building
+
+
+# --------------------------------------------------------------------------- model styles
+
+
+def test_model_style_is_fixed_by_kind_and_name():
+    import colorsys
+
+    import matplotlib.colors as mcolors
+
+    from sae.figures.common import MODEL_STYLES, model_style
+
+    kinds = ["l1", "kl", "sparsemax", "entmax", "topk", "batchtopk", "jumprelu"]
+    assert set(MODEL_STYLES) == set(kinds)
+    looks = {k: (model_style(k)["color"], model_style(k)["marker"]) for k in kinds}
+    assert len(set(looks.values())) == len(kinds)  # every kind its own colour and marker
+    assert len({c for c, _ in looks.values()}) == len(kinds)
+    for variant in ("sparsemax-previous", "sparsemax-learned", "sparsemax-normalized-ste"):
+        style = model_style(variant, "sparsemax")
+        assert style == model_style(variant)  # the kind read from the name agrees
+        assert style == model_style(variant, "sparsemax")  # deterministic
+        base = model_style("sparsemax")
+        assert style["color"] != base["color"] and style["ls"] != "-"
+        hue = colorsys.rgb_to_hls(*mcolors.to_rgb(style["color"]))[0]
+        assert hue == pytest.approx(colorsys.rgb_to_hls(*mcolors.to_rgb(base["color"]))[0],
+                                    abs=0.02)  # the same hue family, lighter or darker
+    assert model_style("my-model")["color"] == model_style("my-model")["color"]
+
+
+def test_seeds_note_claims_a_spread_only_with_two_seeds():
+    from sae.figures.common import seeds_note
+
+    assert seeds_note([3, 3, 2]) == "mean ± std over seeds"
+    assert "one seed" in seeds_note([1, 1]) and "±" not in seeds_note([1, 1])
+    assert "one seed" in seeds_note([1, 3]) and "≥ 2" in seeds_note([1, 3])

@@ -1,6 +1,7 @@
 """python -m sae.gallery over finished runs: figures copied, metrics tabled, comparisons linked."""
 
 import json
+import re
 
 from sae import gallery
 
@@ -33,3 +34,19 @@ def test_gallery_of_finished_runs_links_the_comparisons(tmp_path, capsys):
     assert readme.count("| 0.125 |") == len(gallery.DATASETS) * len(gallery.MODELS)
     assert ("Comparisons: [mnist](../compare/mnist/comparison.md) · "
             "[wide](../compare/wide/comparison.md)") in readme
+
+
+def test_gallery_index_page_shows_the_copied_figures(tmp_path):
+    """index.html (what the comparison pages link to) shows every copied figure from its file
+    beside it and names every run, fixed-budget models with their k."""
+    runs, out = tmp_path / "runs", tmp_path / "figures" / "gallery"
+    for dataset in gallery.DATASETS:
+        for model in gallery.MODELS:
+            finished_run(runs / f"{dataset}-{model}")
+    assert {"topk", "batchtopk", "jumprelu"} <= set(gallery.MODELS)
+    assert gallery.main(["--out", str(out), "--runs", str(runs)]) == 0
+    page = (out / "index.html").read_text()
+    shown = re.findall(r'<img src="([^"]+)"', page)
+    assert len(shown) == len(gallery.DATASETS) * len(gallery.MODELS) * len(gallery.KINDS)
+    assert all((out / name).is_file() for name in shown)
+    assert "k = 32" in page and "λ = 0.01" in page

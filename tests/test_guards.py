@@ -1,5 +1,5 @@
-"""The training guards (sae.guards): dead-unit resampling and the non-finite-loss stop, as callbacks
-on real short trainings."""
+"""The training guards (sae.models.guards): dead-unit resampling and the non-finite-loss stop, as
+callbacks on real short trainings."""
 
 import lightning.pytorch as L
 import pytest
@@ -8,14 +8,14 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from sae import metrics
-from sae.guards import (
+from sae.models import SAEConfig, build_model, encode_dataset
+from sae.models.guards import (
     DeadUnitResampler,
     NonFiniteLossError,
     NonFiniteLossGuard,
     reset_moments,
     training_callbacks,
 )
-from sae.models import SAEConfig, build_model, encode_dataset
 
 
 def quiet_trainer(**kw) -> L.Trainer:

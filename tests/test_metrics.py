@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from sae import metrics as M
+from sae.metrics import dynamic
 
 
 def data_dir() -> Path:
@@ -473,7 +474,7 @@ def test_support_fvu_matches_lstsq_and_never_exceeds_the_model_fvu(n, d, h, dens
 
 def test_support_fvu_falls_back_to_the_pseudo_inverse_when_cholesky_fails(monkeypatch):
     # without the ridge, duplicated atoms make the Gram blocks singular: Cholesky fails
-    monkeypatch.setattr(M, "_RIDGE", 0.0)
+    monkeypatch.setattr(dynamic, "_RIDGE", 0.0)
     atoms = dictionary(6, 4, seed=6)
     atoms = torch.cat([atoms, atoms], dim=1)  # units j and j + 4 are the same atom
     g = torch.Generator().manual_seed(6)

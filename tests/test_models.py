@@ -1,27 +1,30 @@
 """The SAE variants: shapes, the science traps, the loss terms, training controls, the logging
 cadence, checkpoint compatibility, and λ controlling L0."""
 
+import json
+
 import lightning.pytorch as L
 import pytest
 import torch
+from cli_helpers import QUICK
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from sae import metrics
-from sae.checkpoints import write_checkpoint
+from sae.checkpoints import load_checkpoint, write_checkpoint
 from sae.models import (
     L1SAE,
-    MODEL_CLASSES,
     MODELS,
     SAEConfig,
     SparseAutoencoder,
     build_model,
     encode_dataset,
-    load_checkpoint,
+    model_class,
 )
 from sae.models import losses as LS
+from sae.variants import VARIANTS, Variant, register
 
 
 def small_model(name: str, hidden: int = 32, **kw) -> torch.nn.Module:
@@ -260,12 +263,60 @@ def test_jumprelu_thresholds_get_gradient_and_values_are_unshrunk():
 # ---- the registry and checkpoint compatibility ----------------------------------------------
 
 def test_every_model_the_cli_offers_has_its_class():
-    assert set(MODEL_CLASSES) == set(MODELS)
-    for name, cls in MODEL_CLASSES.items():
+    assert list(MODELS) == list(VARIANTS) and len(MODELS) == 7
+    for name in MODELS:
+        cls = model_class(name)
         assert issubclass(cls, SparseAutoencoder)
         assert type(small_model(name)) is cls
     with pytest.raises(ValueError, match="unknown model 'pca'"):
         build_model(SAEConfig(model="pca"))
+    with pytest.raises(ValueError, match="registered already"):
+        register(Variant("l1", L1SAE))
+
+
+class FixedThresholdSAE(SparseAutoencoder):
+    """A toy variant: a ReLU code that fires only above a fixed threshold of 0.1, L1-penalised."""
+
+    def code(self, a, x_centred):
+        return torch.relu(a - 0.1), {}
+
+    def penalty(self, h, extras):
+        return h.sum(-1).mean()
+
+
+@pytest.fixture
+def toy_variant():
+    """The toy model registered through the registry alone, removed again afterwards."""
+    v = register(Variant("relu-fixed", FixedThresholdSAE, settings=("kl_threshold",)))
+    yield v
+    del VARIANTS[v.name]
+
+
+def test_a_model_registered_in_the_registry_alone_parses_and_trains(toy_variant, data_dir,
+                                                                    tmp_path, monkeypatch):
+    from sae import run, runfolder
+    from sae.cli import build_parser
+    from sae.report import relevant_settings
+
+    assert build_parser().parse_args(["--model", "relu-fixed"]).model == "relu-fixed"
+    config = SAEConfig(model="relu-fixed", kl_threshold=0.2)
+    config.validate()  # its own setting applies; the others' are refused as for any model
+    assert config.resolved_init() == "random" and config.resolved_dead_guard() == "resample"
+    with pytest.raises(ValueError, match="--values unshrunk applies to --model sparsemax$"):
+        SAEConfig(model="relu-fixed", values="unshrunk").validate()
+    assert set(relevant_settings({"model": "relu-fixed", "lambda": 0.1, "k": 8, "rho": 0.1,
+                                  "kl_threshold": 0.2})) == {"model", "lambda", "kl_threshold"}
+    monkeypatch.setenv("SAE_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("SAE_OFFLINE", "1")
+    out = tmp_path / "run"
+    rc = run.main(["--model", "relu-fixed", *QUICK, "--max-steps", "6", "--no-figures",
+                   "--no-features", "--no-report", "--progress", "off", "--out", str(out)])
+    runfolder.release(out)
+    assert rc == 0
+    model = load_checkpoint(out / "checkpoints" / "last.ckpt")
+    assert type(model) is FixedThresholdSAE
+    result = json.loads((out / "metrics.json").read_text())
+    assert result["model"] == "relu-fixed" and result["steps"] == 6 and 0 < result["fvu"] < 2
 
 
 SHARED_KEYS = ["b_dec", "W_dec", "W_enc", "b_enc", "data_var", "code_scale", "mean_image",

@@ -54,3 +54,23 @@ def test_nav_label_defaults_to_the_heading():
     page = pages.render_page("t", "h", "s", [pages.Section("x", "Long heading", "b"),
                                              pages.Section("y", "Other", "c", nav="Short")])
     assert '<a href="#x">Long heading</a><a href="#y">Short</a>' in page
+
+
+def test_pages_do_not_import_figures():
+    """Page helpers own their PNG encoding: importing sae.pages loads no plotting code."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sae.pages; "
+            "print(sorted(m for m in sys.modules if m.startswith(('sae.figures', 'matplotlib'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    import ast
+    import inspect
+
+    from sae import pages
+
+    tree = ast.parse(inspect.getsource(pages))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.startswith("sae.figures") for m in imported)

@@ -2,7 +2,7 @@
 
 The README marks its comparison section with ``<!-- comparison -->`` … ``<!-- /comparison -->``
 and each headline table with ``<!-- headline: <published folder> <dataset> -->`` on the line
-before it. The headline tables must be exactly what ``sae.sweep.tables.headline_display`` makes
+before it. The headline tables must be exactly what ``sae.sweep.display.headline_display`` makes
 from that folder's results.csv, and every decimal number in the section must appear in the
 published comparison.md files (themselves rendered from the same results.csv).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sae.sweep import tables
+from sae.sweep import aggregate, display
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -31,7 +31,7 @@ def test_headline_tables_are_made_from_the_published_csv():
     assert {dataset for _, dataset, _ in found} >= {"mnist", "fashion-mnist"}
     for folder, dataset, table in found:
         results = pd.read_csv(REPO / folder / "results.csv")
-        expected = tables.to_markdown(tables.headline_display(tables.summarize_seeds(results),
+        expected = display.to_markdown(display.headline_display(aggregate.summarize_seeds(results),
                                                               dataset))
         assert table.strip() == expected.strip(), f"{folder} {dataset}: regenerate the table"
 

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from sae import figures, report
-from sae.figures.common import palette_png
+from sae.pages import palette_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def run_dir(tmp_path, pngs) -> Path:
 
 
 def b64(data: bytes) -> str:
-    """How the page embeds a PNG: as its palette version where that is faithful."""
+    """How the page embeds a PNG: as its palette version where that is lossless."""
     return base64.b64encode(palette_png(data)).decode("ascii")
 
 
@@ -268,18 +268,34 @@ def test_tables_scroll_in_their_own_box_and_figures_open_full_size(run_dir):
     assert ".scroll { overflow-x: auto" in page
 
 
-def test_pages_embed_palette_pngs_where_faithful(tmp_path):
+def test_pages_embed_palette_pngs_only_where_lossless(tmp_path):
+    """A figure of few colours becomes a smaller palette PNG with every pixel exact; one with
+    more colours than a palette holds (a colour bar's gradient) stays RGB, never banded."""
     rng = np.random.default_rng(0)
-    fig = figures.class_unit_heatmap(rng.uniform(0, 0.5, (10, 64)))
-    png = figures.figure_to_png_bytes(fig)
-    small = palette_png(png)
-    assert len(small) < 0.7 * len(png)
+    flat = figures.sparsity_histogram(rng.integers(0, 30, 500))
+    png = figures.figure_to_png_bytes(flat)
     original = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=int)
-    again = np.asarray(Image.open(io.BytesIO(small)).convert("RGB"), dtype=int)
-    assert Image.open(io.BytesIO(small)).mode == "P"
-    assert np.abs(original - again).mean() <= 1.0
+    small = palette_png(png)
+    if len(np.unique(original.reshape(-1, 3), axis=0)) <= 256:
+        assert Image.open(io.BytesIO(small)).mode == "P" and len(small) < len(png)
+        again = np.asarray(Image.open(io.BytesIO(small)).convert("RGB"), dtype=int)
+        np.testing.assert_array_equal(original, again)
+    else:
+        assert small == png
+    heat = figures.figure_to_png_bytes(
+        figures.class_unit_heatmap(rng.uniform(0, 0.5, (10, 64))))
+    assert len(np.unique(np.asarray(Image.open(io.BytesIO(heat)).convert("RGB")).reshape(-1, 3),
+                         axis=0)) > 256
+    assert palette_png(heat) == heat  # a colour bar's gradient keeps every shade
+    few = Image.fromarray(rng.integers(0, 4, (64, 64, 3), dtype=np.uint8) * 60)
+    buf = io.BytesIO()
+    few.save(buf, format="PNG")
+    exact = palette_png(buf.getvalue())
+    assert Image.open(io.BytesIO(exact)).mode == "P"
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(exact)).convert("RGB")),
+                                  np.asarray(few))
     noise = Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
     buf = io.BytesIO()
     noise.save(buf, format="PNG")
-    assert palette_png(buf.getvalue()) == buf.getvalue()  # 4096 colours: not faithful, kept
+    assert palette_png(buf.getvalue()) == buf.getvalue()  # 4096 colours: lossy, kept
     assert palette_png(b"not a png") == b"not a png"

@@ -50,6 +50,21 @@ def test_written_config_reads_back_identically(tmp_path):
     assert again["devices"] == [0, 1]
 
 
+def test_config_file_and_flags_layer(tmp_path):
+    """defaults < --config < explicit flags, and the config.yaml a run writes (sae.run's
+    write_config) gives the same settings again as a --config file."""
+    from sae.run import write_config
+
+    (tmp_path / "exp.yaml").write_text("model: kl\nlambda: 0.05\nrho: 0.1\nhidden: 32\n")
+    args = resolve_settings(["--config", str(tmp_path / "exp.yaml"), "--lambda", "0.02",
+                             "--out", str(tmp_path / "run")])
+    assert (args.model, args.lam, args.rho, args.hidden, args.epochs) == ("kl", 0.02, 0.1, 32, 10)
+    write_config(args, tmp_path / "config.yaml")
+    again = resolve_settings(["--config", str(tmp_path / "config.yaml"), "--out", "x"])
+    assert {k: v for k, v in vars(again).items() if k not in ("config", "out")} == \
+        {k: v for k, v in vars(args).items() if k not in ("config", "out")}
+
+
 @pytest.mark.parametrize("text, message", [
     ("no_figures: 'false'\n", "true or false"),       # a quoted false is not a boolean
     ("hidden: 64\nhidden: 32\n", "repeated key"),     # YAML would keep the last silently

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunFolderError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from sae.report import interrupted, interruptible
+    from sae.process import STOPS, interrupted, interruptible
 
     try:
         with interruptible():
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             except (RunFolderError, DataSourceError, OSError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-    except KeyboardInterrupt as exc:  # the page is written atomically: never half of one
+    except STOPS as exc:  # the page is written atomically: never half of one
         return interrupted(exc)
     print(path)
     return 0

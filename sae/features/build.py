@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sae.features.page import render_features_page
-from sae.features.stats import feature_stats
+from sae.features.stats import feature_stats, probe_weights
 from sae.io import write_text
 from sae.report import RunFolderError
 
 __all__ = ["build_features", "checked_run"]
-
 
 
 def checked_run(run_dir: Path) -> tuple[dict, Path]:
@@ -52,9 +52,11 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     Loads ``checkpoints/last.ckpt``, reads the test split the run used (its ``dataset`` and
     ``limit_test`` from ``config.yaml``; ``data_dir`` overrides the run's ``data_dir``, which
     falls back to ``$SAE_DATA_DIR`` as in :func:`sae.data.load_arrays`), encodes it, computes
-    :func:`feature_stats` with the model's ``fire_threshold``, saves the code embedding as
+    :func:`feature_stats` with the model's ``fire_threshold`` (and, for the one-layer SAE, its
+    encoder rows for the attributions), fits the probe of :func:`probe_weights`, saves the code
+    embedding as
     ``figures/code_embedding/epoch_<E>.png`` (E: the checkpoint's epoch) and writes the page
-    atomically.
+    atomically, linking the run's ``report.html`` by a relative path.
 
     Args:
         run_dir: a run folder written by ``python -m sae.run``.
@@ -69,11 +71,11 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     run_dir = Path(run_dir)
     config, ckpt = checked_run(run_dir)
 
-    from sae.checkpoints import CheckpointError, read_checkpoint
+    from sae.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
     from sae.data import CLASS_NAMES, load_arrays, to_float
-    from sae.embedding import embedding_figure
     from sae.figures import save_png
-    from sae.models import encode_dataset, model_from_checkpoint
+    from sae.figures.embedding import embedding_figure
+    from sae.models import encode_dataset
 
     dataset = str(config.get("dataset", "mnist"))
     arrays = load_arrays(dataset, data_dir if data_dir is not None else config.get("data_dir"))
@@ -92,15 +94,23 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= len(class_names)):
         raise RunFolderError(f"the {dataset} test labels hold values outside 0-"
                              f"{len(class_names) - 1}; the data files are damaged")
+    linear = model.config.arch == "linear"  # else the encoder does not act on pixels
     stats = feature_stats(codes.numpy(), labels, x.numpy(), model.atoms().cpu().numpy(),
-                          model.fire_threshold, n_classes=len(class_names))
+                          model.fire_threshold, n_classes=len(class_names),
+                          encoder=model.W_enc.detach().cpu().numpy() if linear else None,
+                          centre=model.b_dec.detach().cpu().numpy() if linear else None)
+    stats["probe_weight"], stats["probe_accuracy"] = probe_weights(codes.numpy(), labels,
+                                                                   len(class_names))
     figure = save_png(embedding_figure(codes.numpy(), labels, class_names),
                       run_dir / "figures" / "code_embedding" / f"epoch_{epoch}.png")
     name = run_dir.resolve().name
     subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
                 f"checkpoint {ckpt.relative_to(run_dir)}")
-    page = render_features_page(stats, images, name, class_names, subtitle,
-                                embedding_png=figure.read_bytes())
     target = Path(out) if out is not None else run_dir / "features.html"
+    report = run_dir / "report.html"
+    href = Path(os.path.relpath(report.resolve(), target.resolve().parent)).as_posix()
+    page = render_features_page(stats, images, name, class_names, subtitle,
+                                embedding_png=figure.read_bytes(),
+                                report=(href, report.is_file()))
     write_text(target, page)
     return target

@@ -1,10 +1,15 @@
 """The feature browser's page: per-unit statistics and images in, one self-contained HTML string
 out (:func:`render_features_page`).
 
-No network and no external references: the atoms and the top inputs are two sprite-sheet PNGs
-inlined once as ``data:`` URIs (each tile a CSS ``background-position``), histograms and class
-bars are inline SVG, and sorting / filtering the index is a little inline JavaScript, so a
-512-unit page stays a few MB and opens quickly.
+No network and no external references: the atoms, the shown inputs and their attributions are
+three sprite-sheet PNGs inlined once as ``data:`` URIs (each tile a CSS ``background-position``),
+histograms and class bars are inline SVG, and sorting / filtering the index is a little inline
+JavaScript, so a 512-unit page stays a few MB and opens quickly.
+
+The page is one jinja2 template (``templates/features.html.j2``, with its stylesheet and script
+beside it) rendered with autoescape: class names and titles read from run folders are escaped
+wherever they land; this module prepares plain values (numbers formatted, SVG paths) and marks
+as markup only what it builds itself (the class-bar SVG, the sprite CSS, the embedding image).
 """
 
 from __future__ import annotations
@@ -14,17 +19,28 @@ import io
 import math
 from collections.abc import Sequence
 
+import jinja2
 import numpy as np
+from markupsafe import Markup
 from markupsafe import escape as esc
 
 from sae.pages import PAGE_CSS, inline_png
 
-__all__ = ["render_features_page"]
+__all__ = ["ATTRIBUTION_BUDGET", "render_features_page"]
 
 _SCALE_ATOM = 3  # on-page pixels per image pixel
 _SCALE_INPUT = 2
 _SPRITE_COLS = 64  # tiles per row of a sprite sheet
 _GREY_LEVELS = 16  # grey levels of the input sprite (4-bit PNG)
+_ATTR_LEVELS = 11  # colours of the attribution sprite (4-bit PNG; odd, so 0 is white)
+
+# attribution tiles drawn on one page at most (each unit gets the same share, its strongest
+# inputs first): the sprite's size grows with units x inputs, unlike the shared input sprite
+ATTRIBUTION_BUDGET = 9_000
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sae.features", "templates"),
+                          autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                          lstrip_blocks=True)
 
 
 
@@ -52,11 +68,12 @@ def _sprite_png(tiles: np.ndarray, palette: Sequence[int]) -> tuple[bytes, int]:
     return buf.getvalue(), cols
 
 
-def _diverging_palette() -> list[int]:
-    """256 RGB entries of ``RdBu_r`` (the decoder-atom colours of ``figures.decoder_atoms``)."""
+def _diverging_palette(levels: int = 256) -> list[int]:
+    """``levels`` RGB entries of ``RdBu_r`` (the decoder-atom colours of
+    ``figures.decoder_atoms``)."""
     import matplotlib as mpl
 
-    rgb = mpl.colormaps["RdBu_r"](np.linspace(0.0, 1.0, 256))[:, :3]
+    rgb = mpl.colormaps["RdBu_r"](np.linspace(0.0, 1.0, levels))[:, :3]
     return [int(round(255 * v)) for v in rgb.ravel()]
 
 
@@ -65,6 +82,14 @@ def _atom_tiles(atoms: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     scale = np.abs(atoms).max(1, keepdims=True)
     unit = np.nan_to_num(atoms / np.where(scale > 0, scale, 1.0))
     return np.round((unit + 1.0) * 127.5).astype(np.uint8).reshape(len(atoms), *shape)
+
+
+def _attribution_tiles(values: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``[k, D]`` int8 attributions in [-127, 127] -> ``[k, h, w]`` indices of
+    ``_diverging_palette(_ATTR_LEVELS)``, 0 on its white middle entry."""
+    half = _ATTR_LEVELS // 2
+    scaled = np.round(values.astype(np.float32) * (half / 127.0)) + half
+    return scaled.astype(np.uint8).reshape(len(values), *shape)
 
 
 def _grey_palette() -> list[int]:
@@ -113,18 +138,8 @@ def _pct(share: float) -> str:
     return f"{pct:.1f} %" if pct >= 10 else f"{pct:.2g} %"
 
 
-def _hist_svg(counts: np.ndarray, lo: float, hi: float) -> str:
-    """A step-shaped histogram as one SVG path (y grows down, so bars hang from y = 1)."""
-    top = max(int(counts.max()), 1)
-    steps = "".join(f"V{1 - c / top:.3g}H{i + 1}" for i, c in enumerate(counts))
-    label = (f"activations in ({_num(lo)}, {_num(hi)}], {len(counts)} bins; counts "
-             + " ".join(str(int(c)) for c in counts))
-    return (f'<svg class="hist" viewBox="0 0 {len(counts)} 1" preserveAspectRatio="none" '
-            f'role="img"><title>{esc(label)}</title><path d="M0 1{steps}V1Z"/></svg>')
-
-
 def _class_svg(dist: np.ndarray, rate: np.ndarray, preferred: int,
-               class_names: Sequence[str]) -> str:
+               class_names: Sequence[str]) -> Markup:
     """Bars of the class distribution as one SVG path, the preferred class drawn darker.
 
     The tooltip lists each class's share of the firing and the unit's firing rate within it.
@@ -137,8 +152,8 @@ def _class_svg(dist: np.ndarray, rate: np.ndarray, preferred: int,
                   for c, (share, r) in enumerate(zip(dist, rate, strict=True)))
     best = (f'<rect x="{preferred + 0.12:g}" y="{1 - heights[preferred]:.3g}" width="0.76" '
             f'height="{heights[preferred]:.3g}"/>')
-    return (f'<svg class="cls" viewBox="0 0 {len(dist)} 1" preserveAspectRatio="none" '
-            f'role="img"><title>{esc(tip)}</title><path d="{bars}"/>{best}</svg>')
+    return Markup(f'<svg class="cls" viewBox="0 0 {len(dist)} 1" preserveAspectRatio="none" '
+                  f'role="img"><title>{esc(tip)}</title><path d="{bars}"/>{best}</svg>')
 
 
 def _short_names(class_names: Sequence[str]) -> list[str]:
@@ -152,214 +167,148 @@ def _state(stats: dict[str, np.ndarray], j: int) -> str:
     return "dead" if stats["dead"][j] else "dense" if stats["dense"][j] else "alive"
 
 
-def _unit_card(stats: dict[str, np.ndarray], j: int, slot: dict[int, int],
-               class_names: Sequence[str], short: Sequence[str]) -> str:
-    """One unit's section: atom, facts, histogram, class bars, top inputs."""
-    n = int(stats["n_inputs"])
-    state = _state(stats, j)
-    badge = "" if state == "alive" else f' <span class="badge {state}">{state}</span>'
-    atom = (f'<div class="sa" style="--x:{j % _SPRITE_COLS};--y:{j // _SPRITE_COLS}" '
-            f'role="img" aria-label="decoder atom of unit {j}"></div>')
-    head = f'<h3><a href="#unit-{j}">Unit {j}</a>{badge}</h3>'
-    count = int(stats["fire_count"][j])
-    if state == "dead":
-        body = (f'<div class="row">{atom}<p class="facts">Never fires on the {n:,} test inputs: '
-                f'no top inputs, histogram or class distribution.</p></div>')
-        return f'<section class="unit" id="unit-{j}" data-j="{j}">{head}{body}</section>'
-    pref = int(stats["preferred_class"][j])
-    facts = (f'<p class="facts">fires on <b>{_pct(stats["frequency"][j])}</b> ({count:,} of '
-             f'{n:,})<br>activation mean {_num(stats["mean_activation"][j])}, max '
-             f'{_num(stats["max_activation"][j])}<br>prefers <b>{esc(class_names[pref])}</b>, '
-             f'selectivity {_num(stats["selectivity"][j])}<br>atom vs. top inputs: cos '
-             f'{_num(stats["atom_cosine"][j])}</p>')
-    edges = stats["hist_edges"][j]
-    hist = (f'<figure>{_hist_svg(stats["hist_counts"][j], edges[0], edges[-1])}'
-            f'<figcaption>activation {_num(edges[0])}–{_num(edges[-1])}</figcaption></figure>')
-    labels_row = "".join(f"<i>{esc(s)}</i>" for s in short)
-    svg = _class_svg(stats["class_dist"][j], stats["class_rate"][j], pref, class_names)
-    bars = (f'<figure>{svg}'
-            f'<div class="cl">{labels_row}</div><figcaption>class distribution</figcaption>'
-            f'</figure>')
+_STATE_ORDER = {"alive": 0, "dense": 1, "dead": 2}  # the index's status column sorts this way
+
+# the histogram's plot box in its 162 x 84 viewBox: left, top, width, height
+_HX, _HY, _HW, _HH = 30, 6, 118, 54
+
+
+def _hist(counts: np.ndarray, lo: float, hi: float) -> dict:
+    """What the template's histogram draws: a step path of the counts in the plot box, the
+    activation ticks (both ends and the middle), the count ticks (0 and the tallest bin)."""
+    top = max(int(counts.max()), 1)
+    bins = len(counts)
+    base = _HY + _HH
+    steps = "".join(f"V{base - _HH * c / top:.1f}h{_HW / bins:.4g}" for c in counts)
+    label = (f"activations in ({_num(lo)}, {_num(hi)}], {bins} bins; counts "
+             + " ".join(str(int(c)) for c in counts))
+    xticks = [(_HX + _HW * f, _num(lo + f * (hi - lo))) for f in (0.0, 0.5, 1.0)]
+    yticks = [(base, "0"), (_HY, f"{top:,}")]
+    axes = (f"M{_HX} {_HY}V{base}H{_HX + _HW}" + "".join(f"M{x:g} {base}v3" for x, _ in xticks)
+            + "".join(f"M{_HX} {y}h-3" for y, _ in yticks))
+    return {"path": f"M{_HX} {base}{steps}V{base}Z", "axes": axes, "label": label,
+            "xticks": [(f"{x:g}", t) for x, t in xticks], "yticks": yticks}
+
+
+class _Sprites:
+    """Slots of the inputs (shared by all units) and of the attribution tiles (one per shown
+    input of a unit) in their sprite sheets."""
+
+    def __init__(self, stats: dict[str, np.ndarray], per_unit: int):
+        shown = np.concatenate([stats["top_index"].ravel(), stats["band_index"].ravel()])
+        self.used = np.unique(shown[shown >= 0])
+        self.slot = {int(i): s for s, i in enumerate(self.used)}
+        self.attributions: list[np.ndarray] = []
+        self.per_unit = per_unit  # attribution tiles a unit may draw
+        self.left = 0
+
+    def tile(self, i: int, attribution: np.ndarray | None) -> dict:
+        s = self.slot[i]
+        tile = {"x": s % _SPRITE_COLS, "y": s // _SPRITE_COLS, "ax": None, "ay": None}
+        if attribution is not None and self.left > 0:
+            self.left -= 1
+            a = len(self.attributions)
+            self.attributions.append(attribution)
+            tile.update(ax=a % _SPRITE_COLS, ay=a // _SPRITE_COLS)
+        return tile
+
+
+def _group(title: str, span: str, index, activation, labels, attribution, sprites: _Sprites,
+           class_names: Sequence[str]) -> dict:
+    """One row of example tiles (the top inputs, or a band) as the template's ``tiles`` draws."""
     tiles = []
-    top = zip(stats["top_index"][j], stats["top_activation"][j], stats["top_label"][j],
-              strict=True)
-    for i, act, label in top:
+    for slot, (i, act) in enumerate(zip(index, activation, strict=True)):
         if i < 0:
-            break
-        s = slot[int(i)]
-        name = class_names[int(label)]
-        tip = f' title="{esc(name)}"' if len(name) > 6 else ""
-        tiles.append(f'<div class="t"{tip}><i style="--x:{s % _SPRITE_COLS};'
-                     f'--y:{s // _SPRITE_COLS}"></i><b>{_num(act)}</b>{esc(name)}</div>')
-    tops = f'<div class="tops" aria-label="top activating test inputs">{"".join(tiles)}</div>'
-    body = f'<div class="row">{atom}{facts}{hist}{bars}</div>{tops}'
-    return f'<section class="unit" id="unit-{j}" data-j="{j}">{head}{body}</section>'
+            continue
+        name = class_names[int(labels[slot])]
+        tile = sprites.tile(int(i), None if attribution is None else attribution[slot])
+        tile.update(act=_num(act), label=name, tip=name if len(name) > 6 else "")
+        tiles.append(tile)
+    return {"title": title, "range": span, "tiles": tiles}
 
 
-def _index_row(stats: dict[str, np.ndarray], j: int, class_names: Sequence[str]) -> str:
-    """One row of the index; the data-* attributes are what the script sorts and filters by."""
+def _unit(stats: dict[str, np.ndarray], j: int, sprites: _Sprites,
+          names: Sequence[str]) -> dict:
+    """What the template shows of unit ``j``."""
+    sprites.left = sprites.per_unit
+    state = _state(stats, j)
+    unit = {"j": j, "state": state, "ax": j % _SPRITE_COLS, "ay": j // _SPRITE_COLS,
+            "nearest": [(int(k), _num(c)) for k, c in zip(stats["nearest_index"][j],
+                                                         stats["nearest_cosine"][j], strict=True)],
+            "votes": None, "against": None, "groups": []}
+    if "probe_weight" in stats:
+        w = stats["probe_weight"][j]
+        order = np.argsort(-w, kind="stable")
+        unit["votes"] = [(names[c], f"+{w[c]:.2f}") for c in order[:3] if w[c] > 0]
+        if w[order[-1]] < 0:
+            unit["against"] = (names[order[-1]], f"−{-w[order[-1]]:.2f}")
+    if state == "dead":
+        return unit
+    pref = int(stats["preferred_class"][j])
+    edges = stats["hist_edges"][j]
+    unit.update(freq=_pct(stats["frequency"][j]), count=f"{int(stats['fire_count'][j]):,}",
+                mean=_num(stats["mean_activation"][j]), max=_num(stats["max_activation"][j]),
+                pref=names[pref], sel=_num(stats["selectivity"][j]),
+                rare=not bool(stats["ranked"][j]), cos=_num(stats["atom_cosine"][j]),
+                hist=_hist(stats["hist_counts"][j], edges[0], edges[-1]),
+                class_svg=_class_svg(stats["class_dist"][j], stats["class_rate"][j], pref, names))
+    top_attr = stats["top_attribution"][j] if "top_attribution" in stats else None
+    groups = [_group("Top activations", "", stats["top_index"][j], stats["top_activation"][j],
+                     stats["top_label"][j], top_attr, sprites, names)]
+    n_bands = stats["band_index"].shape[1]
+    for b in range(n_bands):
+        if stats["band_index"][j, b, 0] < 0:
+            continue
+        attr = stats["band_attribution"][j, b] if "band_attribution" in stats else None
+        span = (f"activation {_num(stats['band_low'][j, b])}–"
+                f"{_num(stats['band_high'][j, b])}")
+        groups.append(_group(f"Band {b + 1} of {n_bands}", span, stats["band_index"][j, b],
+                             stats["band_activation"][j, b], stats["band_label"][j, b], attr,
+                             sprites, names))
+    unit["groups"] = groups
+    return unit
+
+
+def _row(stats: dict[str, np.ndarray], j: int, names: Sequence[str]) -> dict:
+    """One row of the index; the data-* values are what the script sorts and filters by
+    (an empty one sorts last)."""
     state = _state(stats, j)
     pref = int(stats["preferred_class"][j])
     sel = float(stats["selectivity"][j])
-    data = (f'data-j="{j}" data-freq="{float(stats["frequency"][j]):.6g}" '
-            f'data-max="{float(stats["max_activation"][j]):.6g}" '
-            f'data-sel="{f"{sel:.4f}" if math.isfinite(sel) else ""}" '
-            f'data-cls="{pref if pref >= 0 else ""}" data-state="{state}"')  # empty: sorts last
-    name = esc(class_names[pref]) if pref >= 0 else "–"
-    return (f'<tr {data}><td><a href="#unit-{j}">{j}</a></td>'
-            f'<td class="num">{_pct(stats["frequency"][j])}</td>'
-            f'<td class="num">{_num(stats["mean_activation"][j])}</td>'
-            f'<td class="num">{_num(stats["max_activation"][j])}</td>'
-            f'<td class="num">{_num(sel)}</td><td>{name}</td><td>{state}</td></tr>')
+    ranked = bool(stats["ranked"][j]) and math.isfinite(sel)
+    return {"j": j, "freq": f"{float(stats['frequency'][j]):.6g}",
+            "mean": f"{float(stats['mean_activation'][j]):.6g}",
+            "max": f"{float(stats['max_activation'][j]):.6g}",
+            "sel": f"{sel:.4f}" if ranked else "", "cls": pref if pref >= 0 else "",
+            "st": _STATE_ORDER[state], "state": state,
+            "freq_text": _pct(stats["frequency"][j]),
+            "mean_text": _num(stats["mean_activation"][j]),
+            "max_text": _num(stats["max_activation"][j]), "sel_text": _num(sel),
+            "rare": math.isfinite(sel) and not ranked,
+            "cls_name": names[pref] if pref >= 0 else "–"}
 
 
-def _controls(class_names: Sequence[str]) -> str:
-    """Sort buttons and filter fields above the index."""
-    options = "".join(f'<option value="{c}">{esc(name)}</option>'
-                      for c, name in enumerate(class_names))
-    return f"""<div class="controls">
-<span>Sort:</span>
-<button type="button" id="sort-unit" data-sort="j">unit</button>
-<button type="button" id="sort-freq" data-sort="freq">frequency</button>
-<button type="button" id="sort-sel" data-sort="sel">selectivity</button>
-<button type="button" id="sort-max" data-sort="max">max activation</button>
-<button type="button" id="sort-cls" data-sort="cls">preferred class</button>
-</div>
-<div class="controls">
-<span>Filter:</span>
-<label>status <select id="f-state"><option value="">all</option><option value="alive">alive
-</option><option value="dead">dead</option><option value="dense">dense</option>
-<option value="live">not dead</option></select></label>
-<label>prefers <select id="f-class"><option value="">any class</option>{options}</select></label>
-<label>frequency ≥ <input id="f-freq" type="number" min="0" max="100" step="any"
- placeholder="%"></label>
-<label>selectivity ≥ <input id="f-sel" type="number" min="0" max="1" step="0.05"></label>
-<label>max activation ≥ <input id="f-max" type="number" step="any"></label>
-<output id="shown" aria-live="polite"></output>
-</div>"""
-
-
-_FEATURES_CSS = """
-.controls { display: flex; flex-wrap: wrap; gap: 0.35rem 0.7rem; align-items: center;
-            margin: 0.4rem 0; font-size: 0.9rem; }
-.controls button { font: inherit; padding: 0.1rem 0.5rem; cursor: pointer; }
-.controls button[aria-pressed="true"] { background: #2a5db0; color: #fff; border-color: #2a5db0; }
-.controls input { width: 5rem; font: inherit; }
-.controls select { font: inherit; max-width: 10rem; }
-#shown { color: #555; }
-.index-box { max-height: 55vh; overflow: auto; border: 1px solid #ddd; }
-#index { margin: 0; width: 100%; }
-#index th { position: sticky; top: 0; z-index: 1; }
-#units { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 520px), 1fr));
-         gap: 0.9rem; }
-.unit { border: 1px solid #e3e3e3; border-radius: 6px; padding: 0.2rem 0.7rem 0.6rem;
-        min-width: 0; content-visibility: auto; contain-intrinsic-size: auto 330px; }
-.unit h3 { margin: 0.3rem 0; }
-.unit h3 a { color: inherit; text-decoration: none; }
-.badge { font-size: 0.75rem; padding: 0 0.4rem; border-radius: 3px; vertical-align: middle;
-         color: #fff; }
-.badge.dead { background: #d62728; }
-.badge.dense { background: #8c564b; }
-.row { display: flex; flex-wrap: wrap; gap: 0.6rem; align-items: flex-start; }
-.facts { margin: 0; font-size: 0.82rem; line-height: 1.35; flex: 1 1 9rem; }
-.row figure { margin: 0; width: 7.5rem; }
-.row figcaption { font-size: 0.72rem; color: #666; }
-svg.hist, svg.cls { display: block; width: 7.5rem; height: 2.6rem; background: #fafafa;
-                    border-bottom: 1px solid #999; }
-svg.hist path { fill: #4c72b0; }
-svg.cls path { fill: #9db4d8; }
-svg.cls rect { fill: #2a5db0; }
-.cl { display: flex; font-size: 0.62rem; color: #555; }
-.cl i { flex: 1; text-align: center; overflow: hidden; font-style: normal; }
-.sa, .t i { display: block; image-rendering: pixelated; background-repeat: no-repeat;
-           border: 1px solid #ddd; flex: none; }
-.tops { display: flex; flex-wrap: wrap; gap: 0.3rem; margin-top: 0.5rem; }
-.t { font-size: 0.68rem; line-height: 1.2; text-align: center; max-width: 58px;
-      overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-.t b { display: block; font-weight: 600; font-variant-numeric: tabular-nums; }
-[hidden] { display: none !important; }
-"""
-
-# Sorting and filtering of the index (and, in the same order, of the unit sections). Numbers
-# come from the rows' data-* attributes; an empty value (selectivity of a dead unit) sorts last.
-_FEATURES_JS = """
-(function () {
-  'use strict';
-  var tbody = document.querySelector('#index tbody');
-  var grid = document.getElementById('units');
-  var rows = Array.prototype.slice.call(tbody.rows);
-  var cards = {};
-  Array.prototype.forEach.call(grid.children, function (c) { cards[c.dataset.j] = c; });
-  var key = 'j', dir = 1;
-  function num(row, k) {
-    var v = row.dataset[k];
-    return v === '' ? NaN : parseFloat(v);
-  }
-  function field(id) {
-    var v = document.getElementById(id).value;
-    return v === '' ? NaN : parseFloat(v);
-  }
-  function apply() {
-    var state = document.getElementById('f-state').value;
-    var cls = document.getElementById('f-class').value;
-    var minFreq = field('f-freq') / 100, minSel = field('f-sel'), minMax = field('f-max');
-    var order = rows.slice().sort(function (a, b) {
-      var x = num(a, key), y = num(b, key);
-      if (isNaN(x) !== isNaN(y)) { return isNaN(x) ? 1 : -1; }
-      return (x === y || isNaN(x)) ? num(a, 'j') - num(b, 'j') : dir * (x - y);
-    });
-    var shown = 0;
-    order.forEach(function (row) {
-      var s = row.dataset.state, ok = true;
-      if (state === 'live') { ok = s !== 'dead'; } else if (state) { ok = s === state; }
-      if (ok && cls !== '') { ok = row.dataset.cls === cls; }
-      if (ok && !isNaN(minFreq)) { ok = num(row, 'freq') >= minFreq; }
-      if (ok && !isNaN(minSel)) { ok = num(row, 'sel') >= minSel; }
-      if (ok && !isNaN(minMax)) { ok = num(row, 'max') >= minMax; }
-      row.hidden = !ok;
-      cards[row.dataset.j].hidden = !ok;
-      tbody.appendChild(row);
-      grid.appendChild(cards[row.dataset.j]);
-      if (ok) { shown += 1; }
-    });
-    document.getElementById('shown').textContent =
-      shown + ' of ' + rows.length + ' units shown';
-    document.querySelectorAll('button[data-sort]').forEach(function (b) {
-      var on = b.dataset.sort === key;
-      b.setAttribute('aria-pressed', on ? 'true' : 'false');
-      b.textContent = b.textContent.replace(/ [\\u2191\\u2193]$/, '') +
-        (on ? (dir > 0 ? ' \\u2191' : ' \\u2193') : '');
-    });
-  }
-  document.querySelectorAll('button[data-sort]').forEach(function (b) {
-    b.addEventListener('click', function () {
-      var k = b.dataset.sort;
-      if (k === key) { dir = -dir; } else { key = k; dir = (k === 'j' || k === 'cls') ? 1 : -1; }
-      apply();
-    });
-  });
-  ['f-state', 'f-class', 'f-freq', 'f-sel', 'f-max'].forEach(function (id) {
-    document.getElementById(id).addEventListener('input', apply);
-    document.getElementById(id).addEventListener('change', apply);
-  });
-  apply();
-})();
-"""
+_COLUMNS = [("j", "unit"), ("freq", "frequency"), ("mean", "mean act."), ("max", "max act."),
+            ("sel", "selectivity"), ("cls", "prefers"), ("st", "status")]
 
 
 def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title: str,
                          class_names: Sequence[str] | None = None, subtitle: str = "",
-                         embedding_png: bytes | None = None) -> str:
+                         embedding_png: bytes | None = None,
+                         report: tuple[str, bool] | None = None) -> str:
     """The complete, self-contained HTML text of a feature browser.
 
     Args:
-        stats: :func:`feature_stats` output.
+        stats: :func:`feature_stats` output, optionally with ``probe_weight`` [H, C] and
+            ``probe_accuracy`` (:func:`sae.features.stats.probe_weights`).
         images: ``[N, h, w]`` the evaluated inputs, uint8 or floats in [0, 1]; row ``i`` is the
             input ``stats["top_index"]`` calls ``i``. Atoms are drawn at the same ``h × w``.
         title: page heading (the run's name).
         class_names: name of each class (default: the class index).
         subtitle: one line under the heading (model, dataset, ...).
-        embedding_png: a code-embedding figure shown at the top, if given.
+        embedding_png: a code-embedding figure shown at the end, if given.
+        report: (relative href of the run's ``report.html``, whether it exists now), or None
+            for no link.
 
     Raises:
         ValueError: images and atoms do not have the same number of pixels.
@@ -375,18 +324,26 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
     labels_needed = stats["class_rate"].shape[1]
     names = [str(s) for s in (class_names or [])]
     names += [str(c) for c in range(len(names), labels_needed)]
-    short = _short_names(names[:labels_needed])
+    names = names[:labels_needed]
+    short = _short_names(names)
     n = int(stats["n_inputs"])
 
+    shown = stats["top_index"].shape[1] + stats["band_index"][0].size
+    per_unit = min(shown, ATTRIBUTION_BUDGET // max(h, 1))
+    sprites = _Sprites(stats, per_unit)
+    units = [_unit(stats, j, sprites, names) for j in range(h)]
     atom_png, atom_cols = _sprite_png(_atom_tiles(atoms, shape), _diverging_palette())
-    top = stats["top_index"]
-    used = np.unique(top[top >= 0])
-    slot = {int(i): s for s, i in enumerate(used)}
+    used = sprites.used
     input_png, input_cols = _sprite_png(_input_tiles(images[used] if len(used)
                                                      else np.zeros((1, *shape))), _grey_palette())
     css = (_sprite_css(".sa", atom_png, atom_cols, math.ceil(h / atom_cols), shape, _SCALE_ATOM)
            + _sprite_css(".t i", input_png, input_cols, math.ceil(max(len(used), 1) / input_cols),
                          shape, _SCALE_INPUT))
+    if sprites.attributions:
+        tiles = _attribution_tiles(np.stack(sprites.attributions), shape)
+        attr_png, attr_cols = _sprite_png(tiles, _diverging_palette(_ATTR_LEVELS))
+        css += _sprite_css(".t i.a", attr_png, attr_cols, math.ceil(len(tiles) / attr_cols),
+                           shape, _SCALE_INPUT)
 
     dead = int(stats["dead"].sum())
     dense = int(stats["dense"].sum())
@@ -395,50 +352,19 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
     summary = (f"{h:,} units, {n:,} test inputs; a unit fires when its code is above "
                f"{threshold:g}. Mean L0 {l0:.3g}; {dead:,} dead (never fire), {dense:,} dense "
                f"(fire on more than half of the inputs).")
-    legend = ""
-    if short != names[:labels_needed]:
-        legend = "<p class=\"sub\">Class bars, left to right: " + ", ".join(
-            f"{c} = {esc(name)}" for c, name in enumerate(names[:labels_needed])) + ".</p>"
-    if embedding_png is not None:
-        embedding = (f"<figure>{inline_png(embedding_png, 'code embedding by class')}"
-                     "<figcaption>Test-set codes embedded in 2-D with t-SNE and coloured by "
-                     "class: islands of one colour mean the code separates that class without "
-                     "having seen labels.</figcaption></figure>")
-    else:
-        embedding = '<p class="missing">No code embedding was given.</p>'
-    rows = "".join(_index_row(stats, j, names) for j in range(h))
-    cards = "".join(_unit_card(stats, j, slot, names, short) for j in range(h))
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{esc(title)}: features</title>
-<style>{PAGE_CSS}{_FEATURES_CSS}{css}</style>
-</head>
-<body>
-<h1>{esc(title)}: what each unit responds to</h1>
-<p class="sub">{esc(subtitle)}</p>
-<p>{esc(summary)}</p>
-<nav><a href="#embedding">Code embedding</a><a href="#index-section">Index</a>\
-<a href="#units">Units</a></nav>
-<h2 id="embedding">Code embedding</h2>
-{embedding}
-<h2 id="index-section">Index</h2>
-<p class="sub">Selectivity: 1 − normalised entropy of the unit's class distribution (classes
-weighted equally): 1 = fires on one class only, 0 = fires equally on all. Click a unit to jump to
-it.</p>
-{_controls(names[:labels_needed])}
-<div class="index-box"><table id="index"><thead><tr><th>unit</th><th>frequency</th>
-<th>mean act.</th><th>max act.</th><th>selectivity</th><th>prefers</th><th>status</th></tr>
-</thead><tbody>{rows}</tbody></table></div>
-<h2>Units</h2>
-<p class="sub">Each unit: its decoder atom (red positive, blue negative, scaled to its own max
-|w|), firing facts, the histogram of its activations where it fires, its class distribution, and
-its top {stats["top_index"].shape[1]} test inputs (activation above, label below).</p>
-{legend}
-<div id="units">{cards}</div>
-<script>{_FEATURES_JS}</script>
-</body>
-</html>
-"""
+    if "probe_accuracy" in stats:
+        summary += (f" A softmax linear probe on these codes classifies "
+                    f"{100 * float(stats['probe_accuracy']):.1f} % of them correctly; each unit "
+                    f"lists the classes its weights favour (per standard deviation of the unit).")
+    embedding = inline_png(embedding_png, "code embedding by class") if embedding_png else None
+    return _ENV.get_template("features.html.j2").render(
+        title=title, subtitle=subtitle, summary=summary, base_css=Markup(PAGE_CSS),
+        sprite_css=Markup(css), report=None if report is None else
+        {"href": report[0], "exists": report[1]},
+        min_firings=int(stats["min_firings"]), class_names=names, columns=_COLUMNS,
+        rows=[_row(stats, j, names) for j in range(h)], units=units, short=short,
+        legend=list(enumerate(names)) if short != names else [],
+        n_inputs=f"{n:,}", n_top=stats["top_index"].shape[1],
+        n_bands=stats["band_index"].shape[1], per_band=stats["band_index"].shape[2],
+        has_attribution="top_attribution" in stats, embedding=embedding,
+        attribution_cut=per_unit if per_unit < shown else None)

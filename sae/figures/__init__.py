@@ -5,9 +5,13 @@ By audience:
 - :mod:`sae.figures.run`: what one run learned (sparsity histogram, firing frequencies, class ×
   unit heatmap, feature density, decoder atoms, reconstructions), drawn by the figure callback;
 - :mod:`sae.figures.curves`: one run's training curves, drawn by its report;
-- :mod:`sae.figures.sweep`: the comparison of a sweep's runs (Pareto, probe, L0 distributions,
-  per-class L0, L0–ink correlation);
-- :mod:`sae.figures.common`: the style, resolution, PNG/RGB output and helpers they share.
+- :mod:`sae.figures.embedding`: a t-SNE of test codes coloured by class, drawn for the feature
+  browser (imported on its own: scikit-learn is loaded only when it embeds);
+- :mod:`sae.figures.common`: the style, resolution, PNG/RGB output, the one colour and marker
+  of each model (:func:`sae.figures.common.model_style`) and helpers they share.
+
+The comparison of a sweep's runs is drawn by :mod:`sae.sweep.plots` with this package's style:
+figures know nothing of sweeps, so imports run one way, from sweeps down to figures.
 
 The public functions are re-exported here, so ``from sae import figures;
 figures.decoder_atoms(...)`` works whichever module a figure lives in.
@@ -25,29 +29,17 @@ from sae.figures.run import (
     reconstructions,
     sparsity_histogram,
 )
-from sae.figures.sweep import (
-    class_l0_heatmap,
-    fvu_l0_pareto,
-    l0_distributions,
-    l0_ink_correlation,
-    probe_vs_l0,
-)
 
 __all__ = [
     "DPI",
     "FREQ_FLOOR",
     "activation_frequency_curve",
-    "class_l0_heatmap",
     "class_selectivity",
     "class_unit_heatmap",
     "decoder_atoms",
     "feature_density_histogram",
     "figure_to_png_bytes",
     "figure_to_rgb",
-    "fvu_l0_pareto",
-    "l0_distributions",
-    "l0_ink_correlation",
-    "probe_vs_l0",
     "reconstructions",
     "save_png",
     "sparsity_histogram",

@@ -6,6 +6,9 @@ training callback without leaking memory. Nothing in the package shows or saves 
 :func:`save_png`; :func:`figure_to_png_bytes` and :func:`figure_to_rgb` serve the HTML pages and
 TensorBoard.
 
+Every model keeps one colour and marker in every figure (:func:`model_style`), fixed by its
+kind and name, not by the other models a figure happens to hold.
+
 Seaborn's look (``whitegrid`` style, ``paper`` context) is applied per figure through a temporary
 ``rc_context`` (:func:`styled`) rather than ``seaborn.set_theme``, so importing the package changes
 no global state.
@@ -13,15 +16,18 @@ no global state.
 
 from __future__ import annotations
 
+import colorsys
 import functools
 import io
 import math
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import matplotlib as mpl
+import matplotlib.colors as mcolors
 import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
@@ -30,9 +36,9 @@ from matplotlib.figure import Figure
 
 from sae.io import atomic_file
 
-__all__ = ["DPI", "drop_unused", "empty_note", "figure_to_png_bytes", "figure_to_rgb",
-           "grid_shape", "l0_edges", "palette_png", "save_png", "styled", "tile_centre",
-           "tile_mosaic"]
+__all__ = ["DPI", "MODEL_STYLES", "drop_unused", "empty_note", "figure_to_png_bytes",
+           "figure_to_rgb", "grid_shape", "l0_edges", "model_style", "save_png", "seeds_note",
+           "styled", "tile_centre", "tile_mosaic"]
 
 DPI = 150  # one resolution for every saved figure, so PNGs of different runs compare 1:1
 
@@ -87,6 +93,75 @@ def save_png(fig: Figure, path: str | os.PathLike[str], dpi: int = DPI) -> Path:
     finally:
         fig.clear()
     return Path(path)
+
+
+# --------------------------------------------------------------------------- model styles
+
+# kind -> (colour, marker): one look per model kind in every figure, whatever else a figure
+# shows. Colour-blind-safe hues of matplotlib's tab10; related mechanisms sit near each other
+# (sparsemax / entmax warm, topk / batchtopk green-teal) and markers differ as well, so models
+# stay apart in grey print.
+MODEL_STYLES: dict[str, tuple[str, str]] = {
+    "l1": ("#1f77b4", "o"),
+    "kl": ("#7f7f7f", "s"),
+    "sparsemax": ("#d62728", "D"),
+    "entmax": ("#ff7f0e", "^"),
+    "topk": ("#2ca02c", "v"),
+    "batchtopk": ("#17becf", "P"),
+    "jumprelu": ("#9467bd", "X"),
+}
+
+# a variant of a kind (a sweep entry named 'sparsemax-learned'): its kind's hue made lighter or
+# darker, with its own marker and line style, each picked from these by a hash of its name
+_VARIANT_SHADES = (-0.3, -0.24, -0.18, -0.12, -0.06, 0.06, 0.12, 0.18, 0.24, 0.3)
+_VARIANT_MARKERS = ("<", ">", "p", "h", "*", "d", "8", "H")
+_VARIANT_LINES = ("--", "-.", ":", (0, (5, 1, 1, 1)))
+# models of an unknown kind: neutral-ish colours unused by MODEL_STYLES
+_OTHER_COLOURS = ("#8c564b", "#e377c2", "#bcbd22", "#393b79", "#637939", "#843c39")
+
+
+def model_style(name: str, kind: str | None = None) -> dict[str, object]:
+    """Colour, marker and line style of a model in every figure: ``{"color", "marker", "ls"}``.
+
+    A function of the model's own name (and kind) only, never of which other models a figure
+    holds, so a model looks the same in every comparison and preset. ``kind`` is the ``sae.run``
+    model behind a sweep entry; when it is not given, the name is taken as the kind, or the part
+    before its first ``-`` (``sparsemax-learned`` -> ``sparsemax``). A model named as its kind
+    gets the kind's style of :data:`MODEL_STYLES` with a solid line; any other name (a variant)
+    gets its kind's hue shaded lighter or darker, another marker and a broken line, chosen by a
+    stable hash of the name (CRC-32, the same in every process). An unknown kind gets a colour
+    of its own, also by hash.
+    """
+    name = str(name)
+    if kind is None or str(kind) not in MODEL_STYLES:
+        kind = name if name in MODEL_STYLES else name.split("-")[0]
+    kind = str(kind)
+    def pick(options: tuple, salt: str):
+        # one independent hash per property, so two names sharing a shade rarely share more
+        return options[zlib.crc32(f"{salt}:{name}".encode()) % len(options)]
+
+    if kind not in MODEL_STYLES:
+        return {"color": pick(_OTHER_COLOURS, "colour"), "marker": pick(_VARIANT_MARKERS, "marker"),
+                "ls": "-"}
+    colour, marker = MODEL_STYLES[kind]
+    if name == kind:
+        return {"color": colour, "marker": marker, "ls": "-"}
+    h, lightness, sat = colorsys.rgb_to_hls(*mcolors.to_rgb(colour))
+    lightness = min(max(lightness + pick(_VARIANT_SHADES, "shade"), 0.15), 0.85)
+    return {"color": mcolors.to_hex(colorsys.hls_to_rgb(h, lightness, sat)),
+            "marker": pick(_VARIANT_MARKERS, "marker"), "ls": pick(_VARIANT_LINES, "line")}
+
+
+def seeds_note(n_seeds) -> str:
+    """What a figure's error bars are, as the seed counts behind it allow: 'mean ± std over
+    seeds' only when every point has at least two seeds; 'one seed: no error bars' when none
+    has; otherwise which points have bars."""
+    counts = [int(n) for n in n_seeds if n == n]  # NaN (unknown) left out
+    if counts and min(counts) >= 2:
+        return "mean ± std over seeds"
+    if not counts or max(counts) <= 1:
+        return "one seed per point: no error bars"
+    return "mean ± std over seeds where a point has ≥ 2; one seed: no bar"
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -155,47 +230,3 @@ def tile_centre(i: int, cols: int, shape: tuple[int, int], gap: int, band: int):
     h, w = shape
     y0 = (i // cols) * (band + h + gap)
     return (i % cols) * (w + gap) + (w - 1) / 2, y0 + (band - 1) / 2
-
-
-# --------------------------------------------------------------------------- page embedding
-
-
-def palette_png(png: bytes, colours: int = 256, max_mean_error: float = 1.0,
-                max_error: int = 12) -> bytes:
-    """``png`` re-encoded with an adaptive palette of at most ``colours`` colours, if faithful.
-
-    Figures are mostly flat colours and anti-aliased edges, so a palette PNG (one byte per
-    pixel instead of three or four) is about half the size and, for a page that embeds a dozen
-    figures as base64, halves its weight. Faithful means: the image has no transparency, and
-    either it already has at most ``colours`` colours (then the palette is exact), or the
-    quantised image differs from the original by at most ``max_mean_error`` grey levels (of 255)
-    on average over pixels and channels and by at most ``max_error`` at 99 % of the pixels (the
-    rest are single anti-aliased edge pixels of a rare shade, a few dozen levels off at most).
-    Otherwise, or when the palette version is not smaller or ``png`` cannot be decoded, the
-    original bytes come back unchanged.
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(png)) as image:
-            image.load()
-            if image.mode == "P":
-                return png
-            rgba = np.asarray(image.convert("RGBA"))
-    except (OSError, ValueError, UnidentifiedImageError, Image.DecompressionBombError):
-        return png
-    if (rgba[..., 3] != 255).any():  # transparency: keep the original
-        return png
-    rgb = Image.fromarray(np.ascontiguousarray(rgba[..., :3]))
-    exact = rgb.getcolors(maxcolors=colours) is not None
-    quantised = rgb.quantize(colors=colours, method=Image.Quantize.MEDIANCUT,
-                             dither=Image.Dither.NONE)
-    if not exact:
-        error = np.abs(np.asarray(quantised.convert("RGB"), dtype=np.int16)
-                       - rgba[..., :3].astype(np.int16))
-        if error.mean() > max_mean_error or np.quantile(error.max(-1), 0.99) > max_error:
-            return png
-    buf = io.BytesIO()
-    quantised.save(buf, format="PNG", optimize=False, compress_level=9)
-    out = buf.getvalue()
-    return out if len(out) < len(png) else png

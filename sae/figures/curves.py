@@ -30,9 +30,16 @@ _CURVE_PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("Sparsity penalty term", "penalty", (("train/penalty", "train"),)),
     ("Penalty weight λ_t (warm-up)", "λ_t", (("train/lambda", "train"),)),
     ("Active units per input", "mean L0", (("train/l0", "train"), ("val/l0", "val"))),
-    ("Dead units", "share of units", (("train/dead_fraction", "train"),
-                                      ("val/dead_fraction", "val"))),
+    # the legend says where a unit was counted dead: train over the guard's window of recent
+    # training inputs, val over the whole validation set
+    ("Dead units (fire on no input)", "share of units",
+     (("train/dead_fraction", "train: last window of inputs"),
+      ("val/dead_fraction", "val: validation set"))),
 )
+
+# The dead-units panel's y axis reaches at least this share: one dead unit of 512 (0.2 %) is a
+# small step, not a swing across the whole panel.
+_DEAD_AXIS_MIN = 0.05
 
 
 def _series(history: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -105,7 +112,11 @@ def training_curves(history: pd.DataFrame) -> Figure:
         ys = np.concatenate([s["y"].to_numpy() for s, _, _ in series])
         if title.startswith("Dead"):
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(0, min(1.0, max(_DEAD_AXIS_MIN, 1.15 * float(np.nanmax(ys)))))
+        elif title.startswith("Penalty weight"):
+            # linear from 0: the warm-up's rise from λ_0 ≈ 0 is the point of this panel (a log
+            # axis or autoscaling would start at the first logged value and hide it)
+            ax.set_ylim(0, 1.1 * float(np.nanmax(ys)) if np.nanmax(ys) > 0 else 1.0)
         elif ys.min() > 0 and ys.max() / ys.min() > 30:  # losses falling by decades
             ax.set_yscale("log")
         ax.set(title=title, ylabel=ylabel, xlabel="training step")

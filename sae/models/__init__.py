@@ -2,52 +2,50 @@
 small module per variant.
 
 Adding a variant is a subclass of ``SparseAutoencoder`` defining ``code`` and ``penalty`` (see
-``l1.py``) and one line in ``MODEL_CLASSES`` (its name must also be in ``sae.config.MODELS``, which
-the CLI offers). The training guards (dead-unit resampling, the non-finite-loss stop) are Lightning
-callbacks in ``sae.guards``; ``training_callbacks(config)`` lists those a config needs.
+``l1.py``) in a module of its own, and one ``register`` call in :mod:`sae.variants`, the registry
+that the command line, the checks and ``build_model`` read. The training guards (dead-unit
+resampling, the non-finite-loss stop) are Lightning callbacks in ``sae.models.guards``;
+``training_callbacks(config)`` lists those a config needs.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
 
 import torch
 from torch import Tensor
 
-from sae.checkpoints import read_checkpoint
 from sae.config import MODELS, SAEConfig
-from sae.guards import NonFiniteLossError, training_callbacks
 from sae.models.base import SparseAutoencoder
 from sae.models.batchtopk import BatchTopKSAE
+from sae.models.guards import NonFiniteLossError, training_callbacks
 from sae.models.jumprelu import JumpReLUSAE
 from sae.models.kl import KLSAE
 from sae.models.l1 import L1SAE
 from sae.models.sparsemax import EntmaxSAE, SparsemaxSAE
 from sae.models.topk import TopKSAE
+from sae.variants import variant
 
-__all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS", "MODEL_CLASSES",
+__all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS",
            "NonFiniteLossError", "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE",
-           "build_model", "decode_dataset", "encode_codes", "encode_dataset", "load_checkpoint",
-           "model_from_checkpoint",
+           "build_model", "decode_dataset", "encode_codes", "encode_dataset", "model_class",
            "training_callbacks"]
 
-MODEL_CLASSES: dict[str, type[SparseAutoencoder]] = {
-    "l1": L1SAE,
-    "kl": KLSAE,
-    "sparsemax": SparsemaxSAE,
-    "entmax": EntmaxSAE,
-    "topk": TopKSAE,
-    "batchtopk": BatchTopKSAE,
-    "jumprelu": JumpReLUSAE,
-}
+
+def model_class(name: str) -> type[SparseAutoencoder]:
+    """The class of the registered variant ``name`` (``sae.variants``); a ``"module:Class"``
+    reference is imported here, above the modules it names."""
+    cls = variant(name).cls
+    if isinstance(cls, str):
+        module, _, attr = cls.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    return cls
 
 
 def build_model(config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
                 init_inputs: Tensor | None = None) -> SparseAutoencoder:
     """The SAE variant named by ``config.model``; ``init_inputs`` [n, D] seed decoder columns."""
-    if config.model not in MODEL_CLASSES:
-        raise ValueError(f"unknown model {config.model!r}; choose from {MODELS}")
-    return MODEL_CLASSES[config.model](config, mean_image, data_var, init_inputs)
+    return model_class(config.model)(config, mean_image, data_var, init_inputs)
 
 
 @torch.no_grad()
@@ -91,24 +89,3 @@ def decode_dataset(model: SparseAutoencoder, codes: Tensor, batch_size: int = 10
            for i in range(0, len(codes), batch_size)]
     model.train(was_training)
     return torch.cat(out) if out else codes.new_zeros(0, model.config.input_dim)
-
-
-def load_checkpoint(path: str | Path,
-                    map_location: str | torch.device = "cpu") -> SparseAutoencoder:
-    """Rebuild a trained SAE, in eval mode, from a checkpoint written by ``python -m sae.run``.
-
-    The file is untrusted: it is read with ``sae.checkpoints.read_checkpoint`` (tensors and plain
-    data only, checksum verified; CheckpointError otherwise). Reads its ``hyper_parameters``
-    ({"config": {...}, "data_var": v}) and ``state_dict``; keys a newer config does not know
-    are ignored, missing ones take defaults.
-    """
-    return model_from_checkpoint(read_checkpoint(path, map_location=map_location))
-
-
-def model_from_checkpoint(state: dict) -> SparseAutoencoder:
-    """The SAE, in eval mode, of a checkpoint already read with ``read_checkpoint`` (callers
-    that also want its step or epoch read the file once)."""
-    hp = state["hyper_parameters"]
-    model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
-    model.load_state_dict(state["state_dict"])
-    return model.eval()

@@ -18,10 +18,10 @@ which is the batch's fraction of variance unexplained; Î»_t warms up from 0 to Î
 
 A variant (one module each in this package) defines the code map ``code`` and the ``penalty``, and
 may add a loss term (``extra_loss``) or a hook run after its dead units are resampled
-(``after_resample``). Cross-cutting training behaviour lives in callbacks (``sae.guards``): the
-non-finite-loss guard reads the ``nonfinite_loss`` flag set here in every step, and the dead-unit
-resampler reads the tracker kept here (``samples_since_fired``, ``dead_mask``), which AuxK also
-uses in the loss.
+(``after_resample``). Cross-cutting training behaviour lives in callbacks
+(``sae.models.guards``): the non-finite-loss guard reads the ``nonfinite_loss`` flag set here in
+every step, and the dead-unit resampler reads the tracker kept here (``samples_since_fired``,
+``dead_mask``), which AuxK also uses in the loss.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class SparseAutoencoder(L.LightningModule):
             self.dec_out = nn.Sequential(nn.ReLU(), nn.Linear(width, D))
         # dead-unit tracking: this rank's training samples since each unit last fired (on device)
         self.register_buffer("samples_since_fired", torch.zeros(H, dtype=torch.long))
-        # set in the step, read by sae.guards.NonFiniteLossGuard (a read is a host sync)
+        # set in the step, read by sae.models.guards.NonFiniteLossGuard (a read is a host sync)
         self.register_buffer("nonfinite_loss", torch.zeros((), dtype=torch.bool))
 
     # ---- the model ------------------------------------------------------------------------
@@ -233,6 +233,11 @@ class SparseAutoencoder(L.LightningModule):
 
         ``idx`` [n] the resampled units, ``inputs`` [n, D] the input each was copied from.
         """
+
+    def result_extras(self) -> dict[str, float]:
+        """What a variant adds to a run's test results (``metrics.json``) besides the common
+        measures: the state it learned that a reader compares across runs (none here)."""
+        return {}
 
     # ---- validation -----------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:

@@ -279,6 +279,10 @@ class EntmaxSAE(SparsemaxSAE):
             return anneal(self.global_step, self.config.alpha, 2.0, half)
         return self.entmax.alpha
 
+    def result_extras(self) -> dict[str, float]:
+        """The α the run ended with (learned, annealed or fixed)."""
+        return {"alpha": float(self.current_alpha())}
+
     def support_map(self, a: Tensor) -> Tensor:
         if self.config.alpha_mode == "anneal":
             return entmax_alpha(a, self.current_alpha(), dim=-1, groups=self.config.groups)

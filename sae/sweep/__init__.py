@@ -6,6 +6,9 @@ file and folder) is the command that ties them together.
 - :mod:`sae.sweep.spec`: the sweep file's schema, expanded into runs and checked by sae.run;
 - :mod:`sae.sweep.launch`: run-folder states and the pool of ``sae.run`` subprocesses;
 - :mod:`sae.sweep.analysis`: probe, per-class L0 and L0–ink correlation of a finished run;
-- :mod:`sae.sweep.tables`: seed averages, the KL-SAE matching, tables as text;
+- :mod:`sae.sweep.aggregate`: results of the runs, seed averages, the KL-SAE matching;
+- :mod:`sae.sweep.matching`: every model at the same L0, and the verdict judged there;
+- :mod:`sae.sweep.display`: the tables as text, markdown and HTML;
+- :mod:`sae.sweep.plots`: the comparison figures (drawn with :mod:`sae.figures`' style);
 - :mod:`sae.sweep.render`: results.csv, comparison.md, comparison.html and the plots.
 """

@@ -136,8 +136,8 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     import torch
 
     from sae import metrics
-    from sae.checkpoints import read_checkpoint
-    from sae.models import encode_codes, model_from_checkpoint
+    from sae.checkpoints import model_from_checkpoint, read_checkpoint
+    from sae.models import encode_codes
 
     settings = read_settings_file(folder / "config.yaml")
     settings = {**defaults(), **settings}
@@ -269,7 +269,7 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
     """results.csv rows, per-sample L0 and per-class L0 frames of the finished runs ``done``.
 
     Returns:
-        ``(results, l0, per_class)``: :func:`sae.sweep.tables.results_frame` plus a ``config``
+        ``(results, l0, per_class)``: :func:`sae.sweep.aggregate.results_frame` plus a ``config``
         label column; one row per test sample and run (``dataset``, ``model``, ``config``,
         ``l0``); and the mean L0 per class over seeds (``dataset``, ``model``, ``config``,
         ``class``, ``l0``).
@@ -277,7 +277,7 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
     import numpy as np
     import pandas as pd
 
-    from sae.sweep.tables import config_label, results_frame
+    from sae.sweep.aggregate import config_label, results_frame
 
     records, l0_parts, class_rows = [], [], []
     for run in done:

@@ -27,6 +27,7 @@ from pathlib import Path
 from sae import runfolder
 from sae.cli import UsageError
 from sae.io import open_regular
+from sae.process import RUN_DIR_ENV, STOPS
 from sae.run import PARENT_ENV
 from sae.sweep.analysis import DataCache, analyse_run, run_metrics
 from sae.sweep.spec import Run
@@ -153,7 +154,7 @@ def job_env(slot: int, threads: int, gpu: str | None) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     # the training stops (SIGTERM, keeping its checkpoint) if the sweep dies, even by kill -9
     env[PARENT_ENV] = str(os.getpid())
-    for name in ("SAE_RUN_DIR", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"):
+    for name in (RUN_DIR_ENV, "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"):
         env.pop(name, None)  # a sweep started inside a run must not steer its children
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -458,7 +459,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
                 progress.failed += 1
                 say(progress.line(run, f"FAILED (exit {code})",
                                   f"{_last_line(log)} [log: {log}]"))
-    except KeyboardInterrupt:
+    except STOPS:  # Ctrl-C, or SIGTERM to the sweep
         pool.stop()
         raise
     pool.close()

@@ -1,14 +1,16 @@
 """The comparison a sweep writes: results.csv, comparison.md, comparison.html and the plots.
 
 :func:`write_outputs` gathers the finished runs (:mod:`sae.sweep.analysis`), averages them over
-seeds and matches them with the KL-SAE (:mod:`sae.sweep.tables`), draws the plots
-(:mod:`sae.figures`) and writes every file of :data:`FIGURE_FILES` plus the tables.
+seeds and matches them with the KL-SAE (:mod:`sae.sweep.aggregate`), sets them at equal L0
+(:mod:`sae.sweep.matching`), writes the tables (:mod:`sae.sweep.display`), draws the plots
+(:mod:`sae.sweep.plots`) and writes every file of :data:`FIGURE_FILES`.
 
-Both pages open with the verdict: per dataset and L0 band, the best model on FVU at the band's
-target L0 (each model's curve interpolated there; only models with exact zeros compete), and the
-best configuration on probe accuracy and dead units (:func:`sae.sweep.tables.verdict`), a
+Both pages open with the verdict: per dataset and L0 band, the best model on FVU at L0, probe
+accuracy and dead units, every criterion judged at the band's target L0 (each model's curve
+interpolated there; only models with exact zeros compete on FVU:
+:func:`sae.sweep.matching.verdict`), a
 findings paragraph written from that same verdict (:func:`findings`), the headline table (every
-model at L0 16 and 32, :func:`sae.sweep.tables.headline`), and the best cells of the tables
+model at L0 16 and 32, :func:`sae.sweep.matching.headline`), and the best cells of the tables
 marked. They link to what lies beside them (:func:`related_links`): the other comparison pages
 beside this one, the figure gallery and each run's report, each only where the file exists, so a
 published copy without ``runs/`` names no run report (:func:`publish_page` renders that copy).
@@ -63,14 +65,16 @@ LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed), on
           "components); train time: wall-clock seconds of training. Bold: the best in its L0 "
           "band (see the verdict).")
 
-_VERDICT_NOTE = ("FVU at L0 is compared at the same L0 for every model (16, 32 or 64 active "
-                 "units, the band's target), interpolated on each model's own curve (or a "
-                 "setting within 5 % of the target, whose own L0 is named); probe "
-                 "accuracy and dead units among the configurations of the band (by their mean "
-                 "L0). Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0: a "
-                 "code without them, the KL-SAE's, reconstructs with units its L0 does not "
-                 "count. \"Within seed std\": the margin to the runner-up is no larger than the "
-                 "seed spread.")
+_VERDICT_NOTE = ("Every criterion is compared at the same L0 for every model (16, 32 or 64 "
+                 "active units, the band's target), interpolated on each model's own curve "
+                 "(linear in log L0 between the two settings that bracket the target, or a "
+                 "setting within 5 % of the target, whose own L0 is named): FVU at L0, probe "
+                 "accuracy and dead units alike, so no model wins by being less sparse. A model "
+                 "whose settings do not reach the target on both sides is not compared there "
+                 "(nothing is extrapolated). Only models with exact zeros (FVU at L0 = FVU) "
+                 "compete on FVU at L0: a code without them, the KL-SAE's, reconstructs with "
+                 "units its L0 does not count. \"Within seed std\": the margin to the "
+                 "runner-up is no larger than the seed spread.")
 
 
 _HEADLINE_NOTE = ("Every model at the same mean L0 (target: 16 and 32 active units): its seed "
@@ -93,12 +97,13 @@ def _span(values: Sequence[float], fmt: str) -> str:
 def findings(summary, judged, dataset: str) -> list[str]:
     """What the verdict of one dataset says, as sentences (the page's findings paragraph).
 
-    Written from :func:`sae.sweep.tables.verdict` (``judged``) and the seed means of
+    Written from :func:`sae.sweep.matching.verdict` (``judged``) and the seed means of
     ``summary``: which model wins FVU at L0 in how many bands (and why a model without exact
     zeros is out of it), the best probe and the fewest dead units per band, each with its margin
     when it is within the seed spread.
     """
-    from sae.sweep.tables import exact_zeros, format_criterion
+    from sae.sweep.aggregate import exact_zeros
+    from sae.sweep.display import format_criterion
 
     part = judged[judged["dataset"] == dataset]
     rows = summary[summary["dataset"] == dataset]
@@ -147,14 +152,15 @@ def findings(summary, judged, dataset: str) -> list[str]:
 
 
 def _gallery(page_dir: Path) -> str | None:
-    """A relative link from a page in ``page_dir`` to the figure gallery's README.md:
-    ``../../gallery`` (a page published to figures/compare/<preset>/), else ``figures/gallery``
-    in a folder above the page (a sweep folder in the project); None when there is none."""
-    if (page_dir / ".." / ".." / "gallery" / "README.md").is_file():
-        return "../../gallery/README.md"
+    """A relative link from a page in ``page_dir`` to the figure gallery's index.html (the page
+    a browser shows; its README.md would open as raw text): ``../../gallery`` (a page published
+    to figures/compare/<preset>/), else ``figures/gallery`` in a folder above the page (a sweep
+    folder in the project); None when there is no gallery page."""
+    if (page_dir / ".." / ".." / "gallery" / "index.html").is_file():
+        return "../../gallery/index.html"
     here = page_dir.resolve()
     for parent in here.parents:
-        candidate = parent / "figures" / "gallery" / "README.md"
+        candidate = parent / "figures" / "gallery" / "index.html"
         if candidate.is_file():
             return Path(os.path.relpath(candidate, here)).as_posix()
     return None
@@ -185,7 +191,7 @@ def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict
     runs: dict[str, list[tuple[str, str]]] = {}
     unbuilt: list[str] = []
     if results is not None and len(results):
-        from sae.sweep.tables import config_label
+        from sae.sweep.aggregate import config_label
 
         for _, r in results.iterrows():
             rel = str(r.get("run", ""))
@@ -222,15 +228,15 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
                         n_runs: int, n_done: int, links: dict | None = None) -> str:
     """comparison.md: per dataset the verdict, its findings, the summary table (best cells
     bold) and the "vs KL-SAE" table; links to related pages when ``links`` names any."""
-    from sae.sweep.tables import (
+    from sae.sweep.display import (
         best_cells,
         headline_display,
         kl_display,
         summary_display,
         to_markdown,
-        verdict,
         verdict_display,
     )
+    from sae.sweep.matching import verdict
 
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
     judged = verdict(summary, sweep.probe_loss)
@@ -268,15 +274,15 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
     """comparison.html: the verdict, findings and tables of comparison.md, the plots, the links
     of ``links`` (:func:`related_links`) and the sweep file, one page."""
     from sae import pages
-    from sae.sweep.tables import (
+    from sae.sweep.display import (
         best_cells,
         headline_display,
         kl_display,
         summary_display,
         to_html,
-        verdict,
         verdict_display,
     )
+    from sae.sweep.matching import verdict
 
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
     judged = verdict(summary, sweep.probe_loss)
@@ -327,7 +333,8 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
                   analyses: dict[Path, dict]) -> list[Path]:
     """results.csv, comparison.md/html and the plots; returns the files written."""
     from sae import figures
-    from sae.sweep.tables import PROBE_METRICS, match_kl, summarize_seeds
+    from sae.sweep import plots
+    from sae.sweep.aggregate import PROBE_METRICS, match_kl, summarize_seeds
 
     done = [r for r in runs if run_state(sweep_dir / r.rel) == "done"]
     results, l0, per_class = collect(sweep_dir, done, analyses)
@@ -338,13 +345,13 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
     csv = sweep_dir / "results.csv"
     write_text(csv, results.drop(columns="config").to_csv(index=False))
     made = {
-        "fvu_vs_l0.png": lambda: figures.fvu_l0_pareto(summary),
-        "probe_vs_l0.png": lambda: figures.probe_vs_l0(
+        "fvu_vs_l0.png": lambda: plots.fvu_l0_pareto(summary),
+        "probe_vs_l0.png": lambda: plots.probe_vs_l0(
             summary, {d: r.get(PROBE_METRICS[sweep.probe_loss][0]) for d, r in raw.items()},
             sweep.probe_loss),
-        "l0_distributions.png": lambda: figures.l0_distributions(l0),
-        "class_l0.png": lambda: figures.class_l0_heatmap(per_class),
-        "l0_ink_correlation.png": lambda: figures.l0_ink_correlation(results),
+        "l0_distributions.png": lambda: plots.l0_distributions(l0),
+        "class_l0.png": lambda: plots.class_l0_heatmap(per_class),
+        "l0_ink_correlation.png": lambda: plots.l0_ink_correlation(results),
     }
     pngs = {}
     for name, make in made.items():
@@ -370,7 +377,7 @@ def publish_page(sweep_dir: Path, sweep: Sweep, runs: list[Run], folder: Path) -
     """
     import pandas as pd
 
-    from sae.sweep.tables import match_kl, summarize_seeds
+    from sae.sweep.aggregate import match_kl, summarize_seeds
 
     results = pd.read_csv(sweep_dir / "results.csv")
     raw = raw_by_dataset(read_json(sweep_dir / "raw_probe.json", list) or [], runs)

@@ -31,11 +31,21 @@ import time
 import traceback
 from pathlib import Path
 
+from sae.process import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    RUN_DIR_ENV,
+    STOPS,
+    Terminated,
+    stop_code,
+)
+
 __all__ = ["STOPPING_CODES", "main", "run_job"]
 
-STOPPING_CODES = (130, 143)  # interrupted, terminated: the sweep is stopping
+STOPPING_CODES = (EXIT_INTERRUPTED, EXIT_TERMINATED)  # the sweep is stopping
 # what a run leaves in this process's environment for its own DDP workers or sessions
-_RUN_ENV = ("SAE_RUN_DIR", "SAE_SESSION")
+_RUN_ENV = (RUN_DIR_ENV, "SAE_SESSION")
 
 
 def _redirect(fd: int) -> None:
@@ -65,15 +75,13 @@ def run_job(job: dict, data) -> dict:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except KeyboardInterrupt:
-        code = run.EXIT_INTERRUPTED
+        code = EXIT_INTERRUPTED
     except BaseException as e:  # noqa: BLE001 (a run's failure must not end the worker)
-        from sae.training import Terminated
-
         if isinstance(e, Terminated):  # between sae.run's own handlers
-            code = run.EXIT_TERMINATED
+            code = EXIT_TERMINATED
         else:
             traceback.print_exc()
-            code = run.EXIT_FAILED
+            code = EXIT_FAILED
     finally:
         folder = _folder_of(argv)
         if folder is not None:
@@ -106,7 +114,6 @@ def main() -> int:
     import torch
 
     from sae.sweep.analysis import DataCache
-    from sae.training import Terminated
 
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
@@ -120,10 +127,8 @@ def main() -> int:
             reply.write(json.dumps(answer) + "\n")
             if answer["code"] in STOPPING_CODES:
                 return answer["code"]
-    except KeyboardInterrupt:  # the sweep stops while this worker waits for a job
-        return 130
-    except Terminated:
-        return 143
+    except STOPS as e:  # the sweep stops while this worker waits for a job
+        return stop_code(e)
     return 0
 
 

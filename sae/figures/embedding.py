@@ -1,19 +1,21 @@
 """A 2-D embedding of test-set codes coloured by class: do codes of different classes separate?
 
 :func:`embed_codes` maps codes ``[N, H]`` to points ``[n, 2]`` with t-SNE (scikit-learn) on a
-fixed, seeded subset of at most 2 000 codes; :func:`embedding_figure` draws them, one colour per
-class. Like :mod:`sae.figures` this is a pure function (arrays in, ``matplotlib.figure.Figure``
-out) styled by ``sae.figures.common.styled``.
+fixed, seeded subset of at most 1 000 codes; :func:`embedding_figure` draws them, one colour per
+class. Like the other figure modules this is a pure function (arrays in,
+``matplotlib.figure.Figure`` out) styled by ``sae.figures.common.styled``.
 
 Why t-SNE and these settings: PCA of sparse codes mostly shows the few most frequent units, while
 t-SNE keeps neighbourhoods, which is what "do classes separate" asks. The codes are first reduced
 to 50 principal components (the usual t-SNE preprocessing; it also drops most of the noise of
 hundreds of rarely used units), then embedded with Barnes-Hut t-SNE (perplexity 30, PCA
 initialisation, 500 iterations; the default 1 000 doubles the time for a barely different
-picture). On 2 000 codes of a 512-unit MNIST SAE this costs about 5 s of one CPU core, imports
-included. scikit-learn's OpenMP threads are limited to one: its runtime and PyTorch's each start
-a thread per core, and on a busy 2-core machine their spin-waiting made t-SNE 4x slower
-(43 s against 11 s wall at a load of 6).
+picture). The figure is drawn at the end of every run, so its cost is kept to a few seconds:
+1 000 codes (a hundred per class, enough to see whether classes form islands) and a coarser
+Barnes-Hut approximation (``angle`` 0.8 instead of 0.5) cost about a third of 2 000 codes at the
+default angle (README, "The terminal"). scikit-learn's OpenMP threads are limited to one: its
+runtime and PyTorch's each start a thread per core, and on a busy 2-core machine their
+spin-waiting made t-SNE several times slower.
 """
 
 from __future__ import annotations
@@ -24,21 +26,23 @@ from matplotlib.figure import Figure
 
 from sae.figures.common import empty_note, styled
 
-__all__ = ["EMBED_MAX_POINTS", "embed_codes", "embedding_figure"]
+__all__ = ["EMBED_ANGLE", "EMBED_MAX_POINTS", "embed_codes", "embedding_figure"]
 
-EMBED_MAX_POINTS = 2000  # codes embedded at most: t-SNE time grows faster than linearly
+EMBED_MAX_POINTS = 1000  # codes embedded at most: t-SNE time grows faster than linearly
+EMBED_ANGLE = 0.8  # Barnes-Hut trade-off: larger is faster and coarser (scikit-learn: 0.5)
 _PCA_DIMS = 50
 _MIN_POINTS = 10  # below this a neighbourhood embedding says nothing
 
 
-def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS,
-                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS, seed: int = 0,
+                angle: float = EMBED_ANGLE) -> tuple[np.ndarray, np.ndarray]:
     """t-SNE of a seeded random subset of codes.
 
     Args:
         codes: ``[N, H]`` code activations (test set).
         max_points: embed at most this many codes (a uniform random subset without replacement).
         seed: seed of the subset and of t-SNE, so the same run gives the same picture.
+        angle: Barnes-Hut's accuracy trade-off (scikit-learn's ``angle``; larger: faster).
 
     Returns:
         ``(points [n, 2], index [n])``: the embedded positions and which rows of ``codes`` they
@@ -60,7 +64,7 @@ def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS,
         data = PCA(n_components=dims, random_state=seed).fit_transform(data)
     perplexity = min(30.0, (n - 1) / 3)
     tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", max_iter=500,
-                random_state=seed)
+                angle=angle, random_state=seed)
     with threadpool_limits(1):  # see the module docstring: OpenMP runtimes fight otherwise
         return tsne.fit_transform(data), index
 

@@ -1,15 +1,19 @@
 """Figures of a sweep: runs compared by model, sparsity and seed (DataFrame in, Figure out).
 
-The comparison figures take the tables of :mod:`sae.sweep.tables` (one row per configuration,
-i.e. dataset x model x lambda-or-k, with ``<metric>_mean`` / ``<metric>_std`` over seeds) or
-long-form frames of per-sample values, and draw one panel per dataset. A model keeps its colour in
-every comparison figure: colours follow the order in which models first appear in the frame.
+The comparison figures take the seed summary of :mod:`sae.sweep.aggregate` (one row per
+configuration, i.e. dataset x model x lambda-or-k, with ``<metric>_mean`` / ``<metric>_std`` over
+seeds) or long-form frames of per-sample values, and draw one panel per dataset, in the style of
+:mod:`sae.figures` (which knows nothing of sweeps). A model looks the same in every figure and
+every preset: colour, marker and line style come from its kind and name
+(:func:`sae.figures.common.model_style`), never from the other models present. Titles say what
+the error bars are only as far as the seeds allow (:func:`sae.figures.common.seeds_note`), and
+are wrapped to the figure's width.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -25,15 +29,47 @@ from matplotlib.ticker import (
     PercentFormatter,
 )
 
-from sae.figures.common import empty_note, l0_edges, styled
+from sae.figures.common import empty_note, l0_edges, model_style, seeds_note, styled
+from sae.sweep.aggregate import PROBE_METRICS, exact_zeros
 
 __all__ = ["class_l0_heatmap", "fvu_l0_pareto", "l0_distributions", "l0_ink_correlation",
            "probe_vs_l0"]
 
 
-def _model_colours(models: Sequence[str]) -> dict[str, str]:
-    """Model name -> colour, by order of first appearance (the sweep file's order)."""
-    return {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(models))}
+def _styles(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
+    """Model name -> its style (:func:`model_style`, from its name and its ``kind`` column)."""
+    kinds = frame["kind"] if "kind" in frame else pd.Series([None] * len(frame), dtype=object)
+    return {m: model_style(m, k if isinstance(k, str) else None)
+            for m, k in dict(zip(frame["model"], kinds, strict=True)).items()}
+
+
+def _title(fig: Figure, text: str) -> None:
+    """The figure's title, wrapped to lines that fit its width (the paper style's suptitle is
+    about 12.5 points, a character about 0.58 of that wide)."""
+    width_pt = fig.get_size_inches()[0] * 72 - 24
+    chars = max(int(width_pt / (0.58 * 12.5)), 20)
+    fig.suptitle("\n".join(textwrap.fill(line, chars) for line in text.split("\n")))
+
+
+def _figure_legend(fig: Figure, axes: list[Axes]) -> None:
+    """One legend for the whole figure, outside the axes on the right, where it hides no point
+    and no label; each label once (a model drawn in two panels is one entry)."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside right center",
+                   fontsize="small")
+
+
+def _seeds_note(frame: pd.DataFrame) -> str:
+    """:func:`seeds_note` of a summary's configurations (``n_seeds``; without that column, a
+    configuration with a measured L0 spread counts as two seeds or more)."""
+    if "n_seeds" in frame:
+        return seeds_note(pd.to_numeric(frame["n_seeds"], errors="coerce"))
+    spread = pd.to_numeric(frame.get("l0_mean_std", pd.Series(dtype=float)), errors="coerce")
+    return seeds_note(np.where(spread.notna(), 2, 1))
 
 
 def _value_label(param: str, value: float) -> str:
@@ -47,7 +83,8 @@ def _nan_to_zero(values: pd.Series) -> np.ndarray:
 
 def _dataset_axes(n: int, width: float = 5.6, height: float = 4.3) -> tuple[Figure, list[Axes]]:
     """A figure with one axes per dataset, side by side (at least one axes)."""
-    fig = Figure(figsize=(width * max(n, 1) + 1.8, height), layout="constrained")
+    # 2.6 inches on the right hold the legend (outside the axes)
+    fig = Figure(figsize=(width * max(n, 1) + 2.6, height), layout="constrained")
     return fig, list(np.ravel(fig.subplots(1, max(n, 1), squeeze=False)))
 
 
@@ -62,18 +99,44 @@ def _pareto_front(l0: np.ndarray, err: np.ndarray) -> np.ndarray:
     return np.asarray(front, dtype=int)
 
 
-# offsets (points) tried in turn for a point's λ / k label; the first that overlaps no label
-# already placed wins
-_LABEL_OFFSETS = ((4, 3), (4, -10), (-4, 3), (-4, -10), (4, 11), (4, -18), (-4, 11), (-4, -18))
+# offsets (points) tried in turn for a point's λ / k label: beside the point first, then a
+# little above and below it; the first whose box is free wins (further away, a label would
+# seem to name another point, so it is left out instead)
+_LABEL_OFFSETS = ((5, 4), (5, -11), (-5, 4), (-5, -11), (5, 12), (5, -19), (-5, 12), (-5, -19),
+                  (0, 8), (0, -15))
+
+
+def _line_points(ax: Axes, to_axes, step: float = 0.01) -> np.ndarray:
+    """Points along every line drawn in ``ax`` (its data lines, error-bar caps and the Pareto
+    steps), in axes fractions, about ``step`` apart: what a label must not cover."""
+    out = []
+    for line in ax.get_lines():
+        xy = np.column_stack([np.asarray(line.get_xdata(), float),
+                              np.asarray(line.get_ydata(), float)])
+        xy = xy[np.isfinite(xy).all(1)]
+        if len(xy) == 0:
+            continue
+        if line.get_drawstyle() == "steps-post" and len(xy) > 1:  # the corners of the steps
+            corners = np.column_stack([xy[1:, 0], xy[:-1, 1]])
+            xy = np.insert(xy, np.arange(1, len(xy)), corners, axis=0)
+        f = to_axes.transform(xy)
+        out.append(f)
+        for a, b in zip(f[:-1], f[1:], strict=True):
+            n = int(np.hypot(*(b - a)) / step)
+            if n > 1:
+                out.append(a + np.linspace(0, 1, n)[:, None] * (b - a))
+    return np.concatenate(out) if out else np.zeros((0, 2))
 
 
 def _place_labels(ax: Axes, points: list[tuple[float, float, str, str]]) -> None:
-    """Label points ``(x, y, text, colour)`` so that no two labels overlap.
+    """Label points ``(x, y, text, colour)`` where no label overlaps another label or a line.
 
     Simple greedy placement in axes-fraction coordinates (no extra package): each label takes
     the first offset of :data:`_LABEL_OFFSETS` whose estimated box (width from its length at
-    the font size) overlaps no box placed before it. The ends of each line are placed first,
-    so when a crowded middle label finds no free place, it is the one left out.
+    the font size) overlaps no box placed before it, crosses no line or marker of the axes
+    (:func:`_line_points`) and stays inside the axes. The ends of each line are placed first,
+    so when a crowded middle label finds no free place, it is the one left out (the legend and
+    the table still name every setting).
     """
     if not points:
         return
@@ -83,22 +146,35 @@ def _place_labels(ax: Axes, points: list[tuple[float, float, str, str]]) -> None
     bbox = ax.get_position()  # before layout: a fair estimate of the axes' size in points
     w_pt, h_pt = max(fig_w * bbox.width, 1.0) * 72, max(fig_h * bbox.height, 1.0) * 72
     size = 6.5  # 'xx-small' at the paper context, in points
+    obstacles = _line_points(ax, to_axes)
     placed: list[tuple[float, float, float, float]] = []
     for x, y, text, colour in points:
         fx, fy = to_axes.transform((x, y))
-        # the estimated box, with 2 points to spare on every side
-        width, height = (0.6 * size * len(text) + 4) / w_pt, (1.2 * size + 4) / h_pt
+        # the estimated box, with 1.5 points to spare on every side
+        width, height = (0.6 * size * len(text) + 3) / w_pt, (1.1 * size + 3) / h_pt
         for dx, dy in _LABEL_OFFSETS:
-            x0 = fx + (dx - 2) / w_pt - (width - 4 / w_pt if dx < 0 else 0.0)
-            y0 = fy + (dy - 2) / h_pt
+            if dx > 0:
+                x0 = fx + (dx - 1.5) / w_pt
+            elif dx < 0:
+                x0 = fx + (dx + 1.5) / w_pt - width
+            else:
+                x0 = fx - width / 2
+            y0 = fy + (dy - 1.5) / h_pt
             box = (x0, y0, x0 + width, y0 + height)
-            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
-                       for b in placed):
-                placed.append(box)
-                ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
-                            ha="right" if dx < 0 else "left", fontsize="xx-small",
-                            color=colour)
-                break
+            if box[0] < 0 or box[1] < 0 or box[2] > 1 or box[3] > 1:
+                continue
+            if any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
+                   for b in placed):
+                continue
+            inside = ((obstacles[:, 0] > box[0]) & (obstacles[:, 0] < box[2])
+                      & (obstacles[:, 1] > box[1]) & (obstacles[:, 1] < box[3]))
+            if inside.any():
+                continue
+            placed.append(box)
+            ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                        ha="right" if dx < 0 else ("center" if dx == 0 else "left"),
+                        va="bottom", fontsize="xx-small", color=colour)
+            break
 
 
 def _ends_first(n: int) -> list[int]:
@@ -106,25 +182,30 @@ def _ends_first(n: int) -> list[int]:
     return list(dict.fromkeys([0, n - 1, *range(1, n - 1)])) if n else []
 
 
-def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str, colours: dict[str, str],
-                  ls: str = "-", hollow: bool = False, suffix: str = "") -> list:
+def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str,
+                  styles: dict[str, dict[str, object]], ls: object = None, hollow: bool = False,
+                  suffix: str = "") -> list:
     """Per model: mean metric against mean L0 with seed error bars, points joined along L0.
 
-    Returns the points to label with their λ or k, ``(x, y, text, colour)``, ends of each
-    line first (for :func:`_place_labels`, once every line of the axes is drawn).
+    Each model is drawn in its style (``styles``; ``ls`` overrides its line style). Returns the
+    points to label with their λ or k, ``(x, y, text, colour)``, ends of each line first (for
+    :func:`_place_labels`, once every line of the axes is drawn).
     """
     labels = []
     for model, rows in part.groupby("model", sort=False):
         rows = rows.sort_values("l0_mean_mean")
+        style = styles[model]
+        colour = style["color"]
         ax.errorbar(rows["l0_mean_mean"], rows[f"{metric}_mean"],
                     xerr=_nan_to_zero(rows["l0_mean_std"]),
-                    yerr=_nan_to_zero(rows[f"{metric}_std"]), color=colours[model], marker="o",
-                    ms=4, lw=1.2, capsize=2, ls=ls, mfc="white" if hollow else colours[model],
+                    yerr=_nan_to_zero(rows[f"{metric}_std"]), color=colour,
+                    marker=style["marker"], ms=5, lw=1.2, capsize=2,
+                    ls=style["ls"] if ls is None else ls, mfc="white" if hollow else colour,
                     label=f"{model}{suffix}")
         records = rows.reset_index(drop=True)
         labels += [(records.loc[i, "l0_mean_mean"], records.loc[i, f"{metric}_mean"],
                     _value_label(records.loc[i, "param"], records.loc[i, "value"]),
-                    colours[model]) for i in _ends_first(len(records))]
+                    colour) for i in _ends_first(len(records))]
     _log_l0_axis(ax, part)
     return labels
 
@@ -149,7 +230,7 @@ def _l0_panels(summary: pd.DataFrame, metric: str, title: str, ylabel: str):
     data = summary.dropna(subset=["l0_mean_mean", f"{metric}_mean"])
     datasets = list(dict.fromkeys(summary["dataset"]))
     fig, axes = _dataset_axes(len(datasets))
-    fig.suptitle(title)
+    _title(fig, f"{title}\n({_seeds_note(data)})")
     if not datasets:
         empty_note(axes[0], "no finished runs")
     panels = []
@@ -163,8 +244,6 @@ def _exact(part: pd.DataFrame) -> np.ndarray:
     """Rows whose code has exact zeros (FVU at L0 = FVU); all rows when FVU at L0 is absent."""
     if "fvu_at_l0_mean" not in part:
         return np.ones(len(part), dtype=bool)
-    from sae.sweep.tables import exact_zeros
-
     return exact_zeros(part).to_numpy(bool)
 
 
@@ -192,13 +271,13 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
     exact = _exact(data)
     has_loose = bool((~exact).any())
     n = max(len(datasets), 1)
-    fig = Figure(figsize=(5.6 * n + 1.8, 6.4 if has_loose else 4.3), layout="constrained")
+    fig = Figure(figsize=(5.6 * n + 2.6, 6.6 if has_loose else 4.5), layout="constrained")
     grid = fig.subplots(2 if has_loose else 1, n, squeeze=False,
                         gridspec_kw={"height_ratios": [2.6, 1.0]} if has_loose else None)
-    fig.suptitle("Reconstruction vs sparsity (mean ± std over seeds; lower left is better)")
+    _title(fig, f"Reconstruction vs sparsity (lower left is better)\n({_seeds_note(data)})")
     if not datasets:
         empty_note(grid[0, 0], "no finished runs")
-    colours = _model_colours(list(summary["model"]))
+    styles = _styles(summary)
     for j, dataset in enumerate(datasets):
         ax = grid[0, j]
         ax.set_label(f"main:{dataset}")
@@ -209,13 +288,12 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
         if part.empty:
             empty_note(ax, "no finished runs with exact zeros")
         else:
-            labels = _metric_vs_l0(ax, part, "fvu", colours)
+            labels = _metric_vs_l0(ax, part, "fvu", styles)
             l0, err = part["l0_mean_mean"].to_numpy(float), part["fvu_mean"].to_numpy(float)
             order = _pareto_front(l0, err)
             ax.plot(l0[order], err[order], color="0.4", ls="--", lw=1.0,
                     drawstyle="steps-post", zorder=0, label="Pareto frontier")
             _place_labels(ax, labels)
-            ax.legend(fontsize="small")
         if not has_loose:
             continue
         inset = grid[1, j]
@@ -227,13 +305,16 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
         if loose.empty:
             empty_note(inset, "none in this dataset")
             continue
-        labels = _metric_vs_l0(inset, loose, "fvu", colours, suffix=": FVU")
+        # one L0 scale for both panels of a dataset: the same x, the same place
+        inset.sharex(ax)
+        labels = _metric_vs_l0(inset, loose, "fvu", styles, suffix=": FVU")
         loose_at_l0 = loose.assign(fvu_mean=loose["fvu_at_l0_mean"],
                                    fvu_std=loose.get("fvu_at_l0_std", np.nan))
-        _metric_vs_l0(inset, loose_at_l0, "fvu", colours, ls="--", hollow=True,
+        _metric_vs_l0(inset, loose_at_l0, "fvu", styles, ls="--", hollow=True,
                       suffix=": FVU at L0")
+        _log_l0_axis(inset, data[in_data])
         _place_labels(inset, labels)
-        inset.legend(fontsize="x-small", loc="center right")
+    _figure_legend(fig, list(grid.ravel()))
     return fig
 
 
@@ -251,16 +332,12 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
             horizontal line.
         probe_loss: which probe: ``"softmax"`` or ``"sparsemax"``.
     """
-    from sae.sweep.tables import PROBE_METRICS
-
     metric = PROBE_METRICS[probe_loss][0]
     raw_probe = raw_probe or {}
     fig, panels = _l0_panels(
-        summary, metric,
-        f"Linear-probe ({probe_loss} loss) accuracy of the codes vs sparsity "
-        "(mean ± std over seeds)",
+        summary, metric, f"Linear-probe accuracy of the codes vs sparsity ({probe_loss} loss)",
         "probe test accuracy")
-    colours = _model_colours(list(summary["model"]))
+    styles = _styles(summary)
     for ax, dataset, part in panels:
         if raw_probe.get(dataset) is not None and math.isfinite(raw_probe[dataset]):
             ax.axhline(raw_probe[dataset], color="0.3", ls="--", lw=1.0,
@@ -268,9 +345,9 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
         if part.empty:
             empty_note(ax, "no probe results")
             continue
-        _place_labels(ax, _metric_vs_l0(ax, part, metric, colours))
+        _place_labels(ax, _metric_vs_l0(ax, part, metric, styles))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.legend(fontsize="small")
+    _figure_legend(fig, [ax for ax, _, _ in panels])
     return fig
 
 
@@ -291,7 +368,7 @@ def l0_distributions(l0: pd.DataFrame, max_cols: int = 3) -> Figure:
     panels = list(dict.fromkeys(zip(l0["dataset"], l0["model"], strict=True)))
     if not panels:
         fig = Figure(figsize=(6.0, 3.0), layout="constrained")
-        fig.suptitle("L0 distributions")
+        _title(fig, "L0 distributions")
         empty_note(fig.add_subplot(), "no per-sample L0 available")
         return fig
     datasets = list(dict.fromkeys(d for d, _ in panels))
@@ -329,7 +406,7 @@ def l0_distributions(l0: pd.DataFrame, max_cols: int = 3) -> Figure:
                 fig.delaxes(grid[r, c])
     fig.supxlabel("L0 (active units per test input; one scale for every panel)")
     fig.supylabel("fraction of test inputs")
-    fig.suptitle("L0 distributions per model (test set, seeds pooled)")
+    _title(fig, "L0 distributions per model (test set, seeds pooled)")
     return fig
 
 
@@ -351,7 +428,7 @@ def class_l0_heatmap(per_class: pd.DataFrame) -> Figure:
                   .shape[0] for d in datasets] or [1])
     fig = Figure(figsize=(8.5, (0.32 * n_rows + 1.6) * max(len(datasets), 1) + 0.6),
                  layout="constrained")
-    fig.suptitle("Mean L0 per class (colour: relative to the row's mean over classes)")
+    _title(fig, "Mean L0 per class (colour: relative to the row's mean over classes)")
     if not datasets:
         empty_note(fig.add_subplot(), "no per-class L0 available")
         return fig
@@ -398,11 +475,12 @@ def l0_ink_correlation(results: pd.DataFrame) -> Figure:
                      .shape[0] for d in datasets] or [1])
     fig = Figure(figsize=(max(7.0, 0.45 * n_configs + 2.0), 3.6 * max(len(datasets), 1) + 0.5),
                  layout="constrained")
-    fig.suptitle("Does L0 follow the ink? corr(L0, Σ pixels) over test inputs")
+    _title(fig, "Does L0 follow the ink? corr(L0, Σ pixels) over test inputs (bars: mean "
+           "over seeds, dots: single seeds)")
     if not datasets:
         empty_note(fig.add_subplot(), "no finished runs")
         return fig
-    colours = _model_colours(list(results["model"]))
+    styles = _styles(results)
     axes = np.ravel(fig.subplots(len(datasets), 1, squeeze=False))
     for ax, dataset in zip(axes, datasets, strict=True):
         part = results[results["dataset"] == dataset]
@@ -415,7 +493,7 @@ def l0_ink_correlation(results: pd.DataFrame) -> Figure:
                 ax.text(x, 0.02, "undefined:\nconstant L0", ha="center", va="bottom",
                         fontsize="xx-small", rotation=90, color="0.35")
                 continue
-            ax.bar(x, finite.mean(), color=colours[model], alpha=0.75, width=0.7)
+            ax.bar(x, finite.mean(), color=styles[model]["color"], alpha=0.75, width=0.7)
             ax.scatter(np.full(finite.size, x), finite, color="k", s=8, zorder=3)
         ax.set_xticks(np.arange(len(keys)), [f"{m} {c}" for m, c in keys], rotation=40,
                       ha="right", rotation_mode="anchor", fontsize="small")

@@ -10,7 +10,6 @@ Both act on the model from outside its training step, so the model keeps only wh
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import lightning.pytorch as L
 import torch
@@ -19,9 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sae.config import SAEConfig
-
-if TYPE_CHECKING:
-    from sae.models.base import SparseAutoencoder
+from sae.models.base import SparseAutoencoder
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 

@@ -1,0 +1,339 @@
+r"""The solver of the sparse probability maps: the threshold and output of 2-D rows (see
+:mod:`sae.activations` for the maps).
+
+**Algorithm.** The threshold is found without sorting the rows (sorting is slow on CPU):
+
+1. *A lower bound from a subset.* Any subset of a row's entries has a threshold no larger than
+   the row's, and the maxima of a partition of the row are such a subset. Rows are reduced to the
+   maxima of 16 interleaved subsets, whose threshold the sort-based formula gives exactly and
+   cheaply; rows of 1024 entries or more, to the maxima of blocks of 32, solved the same way,
+   recursively. Rows of at most 16 entries are solved by the sort-based formula directly.
+2. *Few candidates.* Only blocks whose maximum exceeds the bound can hold support entries. In
+   long rows, when these are at most half of the blocks, they are gathered into a small matrix
+   and everything else runs on it: the block maxima are then the only full pass over the input,
+   and the output and the input gradient are a zero fill plus a scatter of those blocks.
+3. *Exact threshold.* From the bound, Newton's method on :math:`f(t) = \sum_j p_j(t) - 1`, which
+   is convex and decreasing for :math:`1 < \alpha \le 2`, so the iterates rise monotonically.
+   For sparsemax the Newton step is Michelot's (1986)
+   :math:`t \leftarrow (\sum_{x_j > t} x_j - 1) / |\{j : x_j > t\}|`; it stops, exact, when the
+   support no longer changes, which the first pass usually shows (the row then has as many
+   entries above the bound as the subset's support). For 1.5-entmax each pass also tries the
+   closed form on the current support :math:`S`,
+   :math:`t = \mu_S - \sqrt{4/|S| - \sigma_S^2}`, and keeps it when no entry of :math:`S` lies
+   below it: the KKT conditions then hold, so it is exact. The support therefore equals that of
+   the sort-based formula. For other :math:`\alpha` (no closed form) the Newton steps, safeguarded
+   by bisection where :math:`f` is not convex (:math:`\alpha > 2`), stop at rounding level and the
+   output is renormalised.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_SORT_MAX = 16  # rows this short: exact sort-based threshold (sorting longer rows is slow on CPU)
+_GATHER_MIN = 1024  # rows at least this long gather their candidate blocks...
+_GATHER_MAX_SHARE = 0.5  # ...when these are at most this share of the blocks
+_RESTRICT_MIN = 1 << 17  # candidate matrices this large continue only their unfinished rows
+
+
+# --------------------------------------------------------------------------- maps on rows
+# Everything below works on a 2-D float tensor of rows, shifted so that every row's max is 0,
+# with the threshold t in the same shifted coordinates. `alpha` is the python float 2.0
+# (sparsemax), 1.5 (1.5-entmax) or a float tensor of shape [rows, 1] (any alpha > 1).
+# Two CPU facts shape the code: comparisons, integer ops and sorting are several times slower
+# than float arithmetic (so counts are sums of sign() of non-negative values), and a
+# reduction is fast only over contiguous runs of at least 32 entries.
+
+
+def _width(alpha: float | Tensor) -> float | Tensor:
+    """1/(alpha-1): the threshold of a max-0 row lies in [-width, 0)."""
+    return 1.0 / (alpha - 1.0)
+
+
+def _probs(c: Tensor, t: Tensor, alpha: float | Tensor, out: Tensor | None = None) -> Tensor:
+    """p = [(alpha-1)(c - t)]_+^(1/(alpha-1)), written into `out` (default: a new tensor)."""
+    p = torch.sub(c, t, out=out) if out is not None else c - t
+    p.relu_()
+    if isinstance(alpha, Tensor):
+        p.mul_(alpha - 1).pow_(1.0 / (alpha - 1))
+    elif alpha == 1.5:
+        p.mul_(0.5).square_()
+    return p
+
+
+def _sorted_threshold(z: Tensor, alpha: float, size: bool = True):
+    """Exact threshold and (if `size`) support size of short rows by the sort-based formula
+    (sparsemax, 1.5-entmax)."""
+    n = z.shape[-1]
+    rho = torch.arange(1, n + 1, dtype=z.dtype, device=z.device)
+    if alpha == 2.0:
+        # tau_k = (sum of the k largest - 1) / k rises while z_(k+1) > tau_k, then falls; the
+        # first maximiser is the support size (-inf entries give tau_k = -inf: harmless).
+        tau = z.sort(-1, descending=True).values.cumsum(-1).sub_(1).div_(rho)
+        if not size:
+            return tau.amax(-1, keepdim=True), None
+        t, k = tau.max(-1, keepdim=True)
+        return t, (k + 1).to(z.dtype)
+    # 1.5-entmax on u = z/2 (Peters, Niculae & Martins, 2019, Algorithm 2). Entries below -4
+    # never reach the support; clamping keeps -inf out of the sums.
+    u = z.clamp_min(-4.0).sort(-1, descending=True).values.mul_(0.5)
+    mean = u.cumsum(-1).div_(rho)
+    var = (u * u).cumsum(-1).div_(rho).sub_(mean * mean)
+    tau = mean.sub_(var.neg_().add_(1 / rho).clamp_min_(0).sqrt_())
+    k = (tau <= u).sum(-1, keepdim=True)
+    return 2 * tau.gather(-1, k - 1), k.to(z.dtype)
+
+
+def _subset_maxima(z: Tensor) -> Tensor | None:
+    """Maxima of the 16 interleaved subsets {j, j+16, j+32, ...} of each row (None if the
+    length is not a multiple of 16), reduced first over runs of 64 or 32 for speed."""
+    rows, n = z.shape
+    if n % 16:
+        return None
+    for run in (64, 32):
+        if n % run == 0:
+            return z.view(rows, -1, run).amax(1).view(rows, -1, 16).amax(1)
+    return z.view(rows, -1, 16).amax(1)
+
+
+def _count(r: Tensor, out: Tensor) -> Tensor:
+    """Number of positive entries per row of a non-negative r."""
+    return torch.sign(r, out=out).sum(-1, keepdim=True)
+
+
+def _finished(k: Tensor, k_sub: Tensor, total: Tensor) -> Tensor:
+    """Rows where a subset's exact threshold t is exact for the full row: the full row has as
+    many entries above t as the subset's support (which it contains), so both supports agree.
+    `total`, the sum of the map at t, guards against a count that matches only because rounding
+    moved an entry across t."""
+    return (k == k_sub) & ((total - 1).abs() <= 8 * torch.finfo(total.dtype).eps * (k + 1))
+
+
+def _michelot(c: Tensor, t: Tensor, k_prev: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact sparsemax threshold of the rows of c from a lower bound t (Michelot, 1986).
+
+    Each pass sets t to (sum of the entries above t - 1) / (their number); the support shrinks
+    until it stops changing, and then t is exact. k_prev: the support size of the previous
+    pass, if known. Returns (threshold, the sparsemax of c, support size): the pass that shows
+    the support unchanged has already computed the output.
+    """
+    r = torch.empty_like(c)
+    s = torch.empty_like(c)
+    for _ in range(c.shape[-1] + 1):  # at most n + 1 passes
+        torch.sub(c, t, out=r).relu_()
+        k = _count(r, s)
+        if k_prev is not None and torch.equal(k, k_prev):
+            break
+        k_prev = k
+        t = torch.addcdiv(t, r.sum(-1, keepdim=True).sub_(1), k)
+    else:  # out of passes (only if rounding made the support cycle): the map at the last t
+        torch.sub(c, t, out=r).relu_()
+    return t, r, k
+
+
+def _entmax15_exact(c: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact 1.5-entmax threshold of the rows of c from a lower bound t.
+
+    Every pass takes the closed form on the current support S = {c > t}, the smaller root of
+    sum_S (c - t')^2 = 4, and accepts it when it lies above t and below every entry of S: the
+    KKT conditions then hold, so it is exact. Otherwise a Newton step on
+    f(t) = sum((c - t)_+^2) / 4 - 1, which rises monotonically to the root, gives the next t.
+    Returns (threshold, map, support size).
+    """
+    eps = torch.finfo(c.dtype).eps
+    s = torch.empty_like(c)
+    q = torch.empty_like(c)
+    for _ in range(100):
+        torch.sub(c, t, out=s).relu_()
+        k = torch.sign(s, out=q).sum(-1, keepdim=True)
+        # min over S of c - t: entries off S are lifted by 8 (> any c - t, as t >= -2)
+        lowest = torch.add(s, q.neg_().add_(1), alpha=8).amin(-1, keepdim=True)
+        s1 = s.sum(-1, keepdim=True)
+        s2 = torch.mul(s, s, out=q).sum(-1, keepdim=True)
+        step = (s1 - (s1 * s1 - k * (s2 - 4)).clamp_min_(0).sqrt_()) / k
+        tol = 4 * eps * (1 - t)
+        if bool(((step >= -tol) & (lowest >= step - tol)).all()):
+            t = t + step
+            break
+        t = t + (s2 - 4) / (2 * s1)
+    return t, _probs(c, t, 1.5, out=s), k
+
+
+def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Threshold of the rows of c for a per-row alpha, from a lower bound t.
+
+    For alpha <= 2 the steps are Newton's on F(t) = (sum p)^(alpha-1) - 1, the
+    (1/(alpha-1))-norm of (alpha-1)(c - t)_+ minus 1: a norm of convex functions of t, so
+    convex, and the steps rise monotonically to the root; and nearly linear (exactly so on a
+    fixed support of equal entries), so they take fewer steps than Newton's on sum(p) - 1. For
+    alpha > 2 neither is convex, so those rows take Newton steps on f(t) = sum(p) - 1 within a
+    bracket and bisect whenever a step leaves it or the bracket has not halved in two steps.
+    Stops when every step is at rounding level. Returns the threshold, the (unnormalised) map
+    at the last iterate, which is within rounding of it, and a lower bound of the threshold.
+    """
+    n = c.shape[-1]
+    am1 = alpha - 1
+    e = 1.0 / am1
+    eps = torch.finfo(c.dtype).eps
+    tiny = torch.finfo(c.dtype).tiny
+    guarded = alpha > 2
+    guard = bool(guarded.any())
+    lo, hi = t, -((1.0 / n) ** am1) * e  # p_max >= 1/n bounds t from above
+    widths = [hi - lo, hi - lo]
+    w = torch.empty_like(c)
+    for _ in range(200):
+        torch.sub(c, t, out=w).relu_().mul_(am1)
+        p = w.pow(e)
+        total = p.sum(-1, keepdim=True)
+        f = total - 1
+        fp = torch.div(p, w.clamp_min_(tiny), out=w).sum(-1, keepdim=True)  # -f' = sum p/w
+        t_new = t + _norm_step(total, fp, am1, guarded if guard else None)
+        done = (t_new - t).abs() <= 8 * eps * t.abs()
+        if guard:
+            lo = torch.where(f >= 0, t, lo)
+            hi = torch.where(f < 0, t, hi)
+            width = hi - lo
+            bisect = guarded & ((t_new <= lo) | (t_new >= hi) | (width > widths[0] / 2))
+            t_new = torch.where(bisect, (lo + hi) / 2, t_new)
+            widths = [widths[1], width]
+            done = torch.where(guarded, width <= 8 * eps * t.abs(), done)
+        t = t_new
+        if bool(done.all()):
+            break
+    return t, p, (torch.where(guarded, lo, t) if guard else t)
+
+
+def _norm_step(total: Tensor, fp: Tensor, am1: Tensor, guarded: Tensor | None) -> Tensor:
+    """Newton's step on F(t) = (sum p)^(alpha-1) - 1 from sum p (`total`) and -d(sum p)/dt
+    (`fp`); on f(t) = sum p - 1 for the `guarded` rows (alpha > 2; None: no such row)."""
+    norm = total.pow(am1)
+    step = (norm - 1) * total / (am1 * norm * fp)
+    return step if guarded is None else torch.where(guarded, (total - 1) / fp, step)
+
+
+def _alpha_bound(z: Tensor, alpha: Tensor, steps: int = 3) -> Tensor:
+    """A lower bound of the alpha-entmax threshold of the rows of z: a few Newton steps on F
+    (`_newton_alpha`) from -width, without synchronising. Each step stays below the root where
+    F is convex (alpha <= 2); rows with alpha > 2 keep -width."""
+    am1 = alpha - 1
+    t = torch.full_like(z[:, :1], -1.0) / am1
+    for _ in range(steps):
+        w = (z - t).relu_().mul_(am1)
+        p = w.pow(1 / am1)
+        total = p.sum(-1, keepdim=True)
+        t = t + _norm_step(total, p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True), am1, None)
+    return torch.where(alpha > 2, -1.0 / am1, t)
+
+
+def _sparsemax_exact(c: Tensor, t: Tensor, k_sub: Tensor | None):
+    """Exact sparsemax threshold, map and support size of the rows of c from a lower bound t;
+    k_sub: if t is the exact threshold of a subset of each row's entries, that subset's support
+    size.
+
+    The first pass, over all rows, usually proves t exact (`_finished`). Otherwise Michelot's
+    passes continue; on large candidate matrices only for the unfinished rows, so that a few
+    slow rows do not make every row pay for more passes.
+    """
+    if k_sub is None:
+        return _michelot(c, t, None)
+    p = _probs(c, t, 2.0)
+    k = _count(p, torch.empty_like(p))
+    total = p.sum(-1, keepdim=True)
+    if torch.equal(k, k_sub) and bool(_finished(k, k_sub, total).all()):
+        return t, p, k
+    t = t + (total - 1) / k  # Michelot's step from this pass
+    if c.numel() < _RESTRICT_MIN:
+        return _michelot(c, t, k)
+    left = (~_finished(k, k_sub, total)).reshape(-1).nonzero().reshape(-1)
+    if 2 * left.numel() > c.shape[0]:
+        return _michelot(c, t, k)
+    t_l, p_l, k_l = _michelot(c.index_select(0, left), t.index_select(0, left), k[left])
+    return t.index_copy(0, left, t_l), p.index_copy_(0, left, p_l), k.index_copy(0, left, k_l)
+
+
+def _gather_block(n: int) -> int:
+    """Length of the contiguous blocks whose candidates long rows gather (0: do not gather).
+    At least 32 blocks of at least 32 entries: fewer blocks rarely leave few candidates, and
+    shorter blocks make the block maxima slow."""
+    if n < _GATHER_MIN:
+        return 0
+    return 32 if n % 32 == 0 else 0
+
+
+def _partial_maxima(x: Tensor) -> Tensor | None:
+    """The maxima that bound the threshold: of contiguous blocks for rows that gather, else of
+    16 interleaved subsets (None for short rows or lengths that are not multiples of 16)."""
+    rows, n = x.shape
+    b = _gather_block(n)
+    if b:
+        return x.view(rows, -1, b).amax(-1)
+    return _subset_maxima(x) if n > _SORT_MAX else None
+
+
+def _solve(x: Tensor, alpha: float | Tensor, m: Tensor | None, part: Tensor | None):
+    """Threshold and map of the rows of x - m (m None: x is already shifted to max 0); part:
+    `_partial_maxima(x)`.
+
+    Returns (t, lo, p, k, flat): the threshold, a lower bound of it, the map of the candidates,
+    the support size (None for a tensor alpha), and flat, the indices of the gathered
+    candidate blocks that p stands for (None: p covers the whole rows).
+    """
+    rows, n = x.shape
+    tensor_alpha = isinstance(alpha, Tensor)
+    width = _width(alpha)
+    if n <= _SORT_MAX and not tensor_alpha:
+        c = x if m is None else x - m
+        t, k = _sorted_threshold(c, alpha, size=m is None)  # the top level needs no size
+        return t, t, _probs(c, t, alpha, out=c if c is not x else None), k, None
+    b = _gather_block(n)
+    flat = k_sub = None
+    if part is None:
+        lo = torch.full_like(x[:, :1], -1.0) * width
+    else:
+        # The threshold of any subset of a row's entries (here: of partial maxima) is a lower
+        # bound of the row's, and often equal to it.
+        bz = part if m is None else part - m
+        if b:
+            _, lo, _, k_sub, _ = _solve(bz, alpha, None, _partial_maxima(bz))
+            flat = _select_blocks(bz, lo)
+        elif tensor_alpha:
+            lo = _alpha_bound(bz, alpha)
+        else:
+            lo, k_sub = _sorted_threshold(bz, alpha)
+    if flat is not None:
+        # Only blocks whose max exceeds the bound can hold support entries: solve on those.
+        c = x.view(-1, b).index_select(0, flat).view(rows, -1)
+        if m is not None:
+            c.sub_(m)
+    else:
+        c = x if m is None else x - m
+    if tensor_alpha:
+        t, p, lo = _newton_alpha(c, lo, alpha)
+        return t, lo, p, None, flat
+    if alpha == 2.0:
+        t, p, k = _sparsemax_exact(c, lo, k_sub)
+    else:
+        t, p, k = _entmax15_exact(c, lo)
+    return t, t, p, k, flat
+
+
+def _select_blocks(bz: Tensor, lo: Tensor) -> Tensor | None:
+    """Flat indices (into [rows * nb] blocks) of each row's candidate blocks (block max > lo),
+    padded to the largest count with that row's other blocks, all distinct; None when the
+    candidates are too large a share to be worth gathering.
+    """
+    rows, nb = bz.shape
+    cand = (bz - lo).relu_().sign_()
+    cnt = cand.sum(-1, keepdim=True)
+    k = int(cnt.max())
+    if k > _GATHER_MAX_SHARE * nb:
+        return None
+    # A stable partition, candidates first, from running counts (sort and topk are slow on
+    # CPU): candidate j goes to cs_j - 1, any other block to cnt + j - cs_j.
+    cs = cand.cumsum(-1)
+    j = torch.arange(nb, dtype=bz.dtype, device=bz.device)
+    other = cnt + j - cs
+    pos = other.addcmul_(cand, cs - 1 - other).long()
+    idx = torch.empty_like(pos).scatter_(1, pos, torch.arange(nb, device=bz.device).expand_as(pos))
+    return (idx[:, :k] + torch.arange(0, rows * nb, nb, device=bz.device)[:, None]).reshape(-1)

@@ -1,0 +1,230 @@
+"""A sweep's tables as text: the seed summary, the verdict, the headline and the "vs KL-SAE"
+table of one dataset, and their rendering as markdown and HTML.
+
+:func:`summary_display` / :func:`kl_display` / :func:`verdict_display` /
+:func:`headline_display` turn the frames of :mod:`sae.sweep.aggregate` and
+:mod:`sae.sweep.matching` into tables of text (every number at fixed decimals, mean ± std over
+seeds where a spread was measured), which :func:`to_markdown` and :func:`to_html` render;
+:func:`best_cells` says which cells of the summary table hold a verdict's winner, so both can
+mark them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import pandas as pd
+
+from sae.sweep.aggregate import PROBE_METRICS, config_label, is_finite_number
+from sae.sweep.matching import criteria, headline, matched_label, verdict
+
+__all__ = ["best_cells", "format_criterion", "headline_display", "kl_display", "summary_display",
+           "to_html", "to_markdown", "verdict_display"]
+
+_NAN = float("nan")
+
+
+def best_cells(summary: pd.DataFrame, dataset: str,
+               judged: pd.DataFrame | None = None) -> set[tuple[int, str]]:
+    """Cells of :func:`summary_display` ``(row position, column heading)`` holding a winner of
+    the verdict (``judged``, computed from ``summary`` when not given)."""
+    judged = verdict(summary) if judged is None else judged
+    positions = {label: i for i, label in
+                 enumerate(summary.index[summary["dataset"] == dataset])}
+    heads = {metric: head for probe in PROBE_METRICS for metric, _, head in
+             criteria(probe).values()}
+    cells = set()
+    for _, row in judged[judged["dataset"] == dataset].iterrows():
+        head = heads[row["metric"]]
+        cells |= {(positions[i], head) for i in row["winners"] if i in positions}
+    return cells
+
+
+def format_criterion(metric: str, value: float) -> str:
+    """A verdict value as text: FVU at 4 decimals, probe accuracy and dead units in percent."""
+    if metric in ("probe_accuracy", "probe_sparsemax_accuracy", "dead_fraction"):
+        return _pm(value, _NAN, ".1f" if metric == "dead_fraction" else ".2f", 100.0, " %")
+    return _pm(value, _NAN, ".4f")
+
+
+def verdict_display(judged: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """The verdict of one dataset as a text table: band, criterion, best, runner-up, margin."""
+    rows = []
+    for _, row in judged[judged["dataset"] == dataset].iterrows():
+        metric = row["metric"]
+        margin = "–"
+        if is_finite_number(row["margin"]):
+            # a difference of percentages is in points
+            margin = format_criterion(metric, row["margin"]).replace(" %", " points")
+            if row["clear"] is True or row["clear"] is False:
+                margin += " (beyond seed std)" if row["clear"] else " (within seed std)"
+        rows.append({
+            "L0 band": f"{row['band']} (at L0 {row['target']:g})",
+            "criterion": row["criterion"], "best": row["winner"],
+            "value": format_criterion(metric, row["score"]),
+            "runner-up": row["runner_up"] or "–",
+            "runner-up value": format_criterion(metric, row["runner_up_score"]),
+            "margin": margin,
+        })
+    return pd.DataFrame(rows, columns=["L0 band", "criterion", "best", "value", "runner-up",
+                                       "runner-up value", "margin"])
+
+
+def _pm(mean: float, std: float, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    """'mean ± std unit'; '–' for a missing mean, no '±' part without a measured spread."""
+    if not is_finite_number(mean):
+        return "–"
+    text = format(scale * mean, fmt)
+    if is_finite_number(std):
+        text += f" ± {format(scale * std, fmt)}"
+    return text + unit
+
+
+def _signed(x: float, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    return "–" if not is_finite_number(x) else format(scale * x, "+" + fmt) + unit
+
+
+def _converged(mean: float, n_seeds: int) -> str:
+    """'2/3': of a configuration's seeds, how many converged (mean of 0/1 over seeds)."""
+    return f"{round(mean * n_seeds)}/{n_seeds}" if is_finite_number(mean) else "–"
+
+
+# column heading -> (metric, number format, scale, unit)
+_SUMMARY_CELLS = {
+    "MSE": ("mse", ".5f", 1.0, ""),
+    "FVU": ("fvu", ".4f", 1.0, ""),
+    "FVU at L0": ("fvu_at_l0", ".4f", 1.0, ""),
+    "L0 mean": ("l0_mean", ".1f", 1.0, ""),
+    "L0 std": ("l0_std", ".1f", 1.0, ""),
+    "dead %": ("dead_fraction", ".1f", 100.0, ""),
+    "dense %": ("dense_fraction", ".1f", 100.0, ""),
+    "probe acc. %": ("probe_accuracy", ".2f", 100.0, ""),
+    "sparsemax probe %": ("probe_sparsemax_accuracy", ".2f", 100.0, ""),
+    "probe classes": ("probe_sparsemax_classes", ".2f", 1.0, ""),
+    "recon bias": ("recon_bias", ".3f", 1.0, ""),
+    "support FVU": ("support_fvu", ".4f", 1.0, ""),
+    "adaptive gain": ("adaptive_gain", ".4f", 1.0, ""),
+    "adaptivity": ("adaptivity", ".2f", 1.0, ""),
+    "train time": ("wall_time_s", ".0f", 1.0, " s"),
+}
+
+
+def summary_display(summary: pd.DataFrame, dataset: str,
+                    raw_probe: float | Mapping[str, float] | None = None) -> pd.DataFrame:
+    """The per-configuration table of one dataset as text (mean ± std over seeds).
+
+    A last row "raw pixels" holds the raw-pixel probes when ``raw_probe`` is given: a mapping
+    from summary metric (``probe_accuracy``, ``probe_sparsemax_accuracy``,
+    ``probe_sparsemax_classes``) to its value, or one number, the softmax probe's accuracy.
+    """
+    part = summary[summary["dataset"] == dataset]
+    rows = []
+    for _, row in part.iterrows():
+        cells = {"model": row["model"], "λ / k": config_label(row["param"], row["value"]),
+                 "seeds": str(int(row["n_seeds"]))}
+        for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
+            cells[head] = _pm(row[f"{metric}_mean"], row[f"{metric}_std"], fmt, scale, unit)
+        cells["converged"] = _converged(row["converged_mean"], int(row["n_seeds"]))
+        rows.append(cells)
+    raw = {"probe_accuracy": raw_probe} if not isinstance(raw_probe, Mapping) else raw_probe
+    raw = {k: v for k, v in (raw or {}).items() if is_finite_number(v)}
+    if raw:
+        cells = dict.fromkeys(["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"], "–")
+        cells["model"] = "raw pixels"
+        for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
+            if metric in raw:
+                cells[head] = _pm(raw[metric], _NAN, fmt, scale, unit)
+        rows.append(cells)
+    return pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"])
+
+
+# the headline's columns: the summary table's cells (same metrics and formats, interpolated seed
+# means without ±) and what the values lose against the best values on the same supports
+_HEADLINE_CELLS = {
+    **{head: _SUMMARY_CELLS[head] for head in ("FVU at L0", "FVU", "support FVU")},
+    "values lose": ("values_lose", ".4f", 1.0, ""),
+    **{head: _SUMMARY_CELLS[head] for head in ("dead %", "adaptivity", "probe acc. %",
+                                               "sparsemax probe %", "probe classes")},
+}
+
+
+def headline_display(summary: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """:func:`headline` of one dataset as text: one row per target L0 and model, with the
+    settings interpolated ("from") and ``values lose`` = FVU at L0 − support FVU, what the
+    model's values lose against the best values on its own supports."""
+    part = headline(summary)
+    part = part[part["dataset"] == dataset].assign(
+        values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"])
+    rows = []
+    for _, row in part.iterrows():
+        cells = {"target": f"{row['target']:g}", "L0": f"{row['l0']:.1f}", "model": row["model"],
+                 "from": matched_label(row)}
+        for head, (metric, fmt, scale, unit) in _HEADLINE_CELLS.items():
+            cells[head] = _pm(row[metric], _NAN, fmt, scale, unit)
+        rows.append(cells)
+    return pd.DataFrame(rows, columns=["target", "L0", "model", "from", *_HEADLINE_CELLS])
+
+
+def kl_display(matched: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """The "vs KL-SAE" table of one dataset as text."""
+    part = matched[matched["dataset"] == dataset]
+    rows = []
+    for _, row in part.iterrows():
+        has_kl = is_finite_number(row["kl_l0"])
+        rows.append({
+            "model": row["model"], "λ / k": config_label(row["param"], row["value"]),
+            "L0": _pm(row["l0"], _NAN, ".1f"),
+            "KL-SAE": (f"{row['kl_model']} {config_label('lambda', row['kl_value'])}"
+                       if has_kl else "no KL-SAE run"),
+            "KL L0": _pm(row["kl_l0"], _NAN, ".1f"),
+            "Δ FVU": _signed(row["d_fvu"], ".4f"),
+            "Δ FVU at L0": _signed(row["d_fvu_at_l0"], ".4f"),
+            "Δ probe acc. (points)": _signed(row["d_probe"], ".2f", 100.0),
+        })
+    return pd.DataFrame(rows, columns=["model", "λ / k", "L0", "KL-SAE", "KL L0", "Δ FVU",
+                                       "Δ FVU at L0", "Δ probe acc. (points)"])
+
+
+def _is_number_text(text: str) -> bool:
+    head = text.lstrip("+-−").split(" ")[0]
+    return bool(head) and head.replace(".", "", 1).isdigit()
+
+
+def to_markdown(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()) -> str:
+    """A GitHub-flavoured markdown table; number columns are right-aligned, cells of ``best``
+    (row position, column heading) bold."""
+    heads = [str(c) for c in table.columns]
+    body = [[str(v).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
+    numeric = [bool(body) and all(_is_number_text(r[i]) or r[i] == "–" for r in body)
+               for i in range(len(heads))]
+    for r, row in enumerate(body):
+        for i, head in enumerate(heads):
+            if (r, head) in best:
+                row[i] = f"**{row[i]}**"
+    lines = ["| " + " | ".join(heads) + " |",
+             "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def to_html(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()):
+    """An HTML ``<table>`` (:func:`sae.pages.table`: escaped text; number cells get class
+    ``num``; cells of ``best``, (row position, column heading), are marked ``best``)."""
+    from sae import pages
+
+    heads = [str(c) for c in table.columns]
+    marked = {(r, heads.index(head)) for r, head in best if head in heads}
+    return pages.table(heads, table.itertuples(index=False), cell_class=_cell_class,
+                       best=marked)
+
+
+def _cell_class(_: int, text: str) -> str | None:
+    """``num`` for a number, ``key`` for a setting kept on one line ('λ = 0.003', 'k = 16',
+    'kl λ = 0.01')."""
+    if _is_number_text(text):
+        return "num"
+    return "key" if _SETTING.fullmatch(text) else None
+
+
+_SETTING = re.compile(r"(\S{1,40} )?(λ|k) = \S{1,20}")

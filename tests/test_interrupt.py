@@ -1,0 +1,157 @@
+"""Ctrl-C or SIGTERM at any moment of training loses nothing: the run stops after the step in
+progress with that step's checkpoint, and ``--resume`` ends with the metrics of a run never
+stopped (same seed, CPU)."""
+
+import html
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as L
+import pytest
+from cli_helpers import cli_env
+
+from sae import run as sae_run
+from sae import runfolder
+from sae.checkpoints import read_checkpoint
+
+# 64 steps per epoch of a small model; dead units resampled every 20 steps (the generator's
+# state matters mid-epoch)
+STEPS = 64
+TINY = ["--model", "l1", "--hidden", "32", "--limit-train", "1024", "--batch-size", "16",
+        "--val-size", "512", "--limit-test", "256", "--epochs", "3", "--resample-every", "20",
+        "--no-figures", "--no-features", "--progress", "off"]
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """sae.run.main in this process, its environment and signal handlers restored after."""
+    for name in ("SAE_RUN_DIR", "SAE_SESSION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SAE_DATA_DIR", os.environ.get("SAE_DATA_DIR", ""))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def main(argv):
+        try:
+            return sae_run.main([str(a) for a in argv])
+        finally:  # the run folder's lock is held until the process ends otherwise
+            runfolder.release(Path(argv[argv.index("--out") + 1]))
+
+    yield main
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
+    for name in ("SAE_RUN_DIR", "SAE_SESSION"):
+        os.environ.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """The metrics of the run never stopped (a subprocess: the same conditions as a user's)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    result = subprocess.run([sys.executable, "-m", "sae.run", *TINY, "--out", str(out)],
+                            env=cli_env(out.parent, data_dir), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+def assert_same_metrics(run, reference):
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        if key == "wall_time_s":
+            continue
+        if isinstance(value, float) and not isinstance(metrics[key], bool):
+            assert math.isclose(metrics[key], value, rel_tol=1e-5, abs_tol=1e-5), key
+        else:
+            assert metrics[key] == value, key
+
+
+def saved_step(run) -> int:
+    return int(read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"])
+
+
+@pytest.mark.slow
+def test_ctrl_c_from_the_terminal_leaves_a_report_and_a_resumable_run(tmp_path, data_dir,
+                                                                     reference):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "sae.run", *TINY, "--out", str(out)],
+                            env=cli_env(tmp_path, data_dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # the first validation's line: its end or epoch 2 follows
+        if line.startswith("epoch 1/3"):
+            proc.send_signal(signal.SIGINT)
+            break
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
+    command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
+    assert stderr == f"interrupted; continue with: {command}\n"
+    assert stdout.splitlines()[-1] == f"report: {out / 'report.html'}"
+    assert STEPS <= saved_step(out) < 2 * STEPS
+    report = (out / "report.html").read_text()
+    assert "interrupted" in report and html.escape(command) in report
+
+    result = subprocess.run([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"],
+                            env=cli_env(tmp_path, data_dir), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_metrics(out, reference)
+
+
+class SignalAt(L.Callback):
+    """Sends this process a signal after training batch ``batch`` of epoch ``epoch``."""
+
+    def __init__(self, signum, epoch, batch):
+        self.signum, self.epoch, self.batch = signum, epoch, batch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.current_epoch == self.epoch and batch_idx == self.batch:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_epoch_resumes_to_the_same_metrics(tmp_path, data_dir, reference,
+                                                      in_process, monkeypatch):
+    import sae.models
+
+    plain = sae.models.training_callbacks
+    monkeypatch.setattr(sae.models, "training_callbacks",
+                        lambda config: [*plain(config), SignalAt(signal.SIGINT, 1, 10)])
+    out = tmp_path / "run"
+    assert in_process([*TINY, "--out", out]) == 130
+    assert saved_step(out) == STEPS + 11  # the step in progress when the signal came
+    monkeypatch.setattr(sae.models, "training_callbacks", plain)
+    assert in_process(["--out", out, "--resume", "--progress", "off"]) == 0
+    assert_same_metrics(out, reference)
+
+
+class SignalMidValidation(L.Callback):
+    """Sends this process SIGTERM in the middle of the second validation."""
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                                dataloader_idx=0):
+        if trainer.current_epoch == 1 and batch_idx == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_validation_resumes_to_the_same_metrics(tmp_path, data_dir, reference,
+                                                            in_process, monkeypatch):
+    import sae.models
+
+    plain = sae.models.training_callbacks
+    monkeypatch.setattr(sae.models, "training_callbacks",
+                        lambda config: [*plain(config), SignalMidValidation()])
+    out = tmp_path / "run"
+    assert in_process([*TINY, "--out", out]) == 143
+    # the validation under way finished and was saved: the checkpoint is of the epoch's end
+    assert saved_step(out) == 2 * STEPS
+    assert not (out / "metrics.json").exists()
+    monkeypatch.setattr(sae.models, "training_callbacks", plain)
+    assert in_process(["--out", out, "--resume", "--progress", "off"]) == 0
+    assert_same_metrics(out, reference)
