@@ -306,7 +306,7 @@ def defaults() -> dict:
     return {name: s.default for name, s in SETTINGS.items()}
 
 
-PATH_SETTINGS = ("out", "resume", "config", "data_dir")
+PATH_SETTINGS = ("out", "resume", "config", "data_dir", "data")
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: the limits of Linux and macOS file systems
 
 
@@ -325,6 +325,11 @@ def _check_paths(settings: dict) -> None:
     for name in PATH_SETTINGS:
         if isinstance(settings.get(name), str):
             check_path_names(SETTINGS[name].flag, settings[name])
+
+
+def _data_label(settings: dict) -> str:
+    """What a default run folder is named after: the --data file's stem, else the dataset."""
+    return Path(settings["data"]).stem if settings.get("data") else settings["dataset"]
 
 
 def resolve_settings(argv: list[str]) -> argparse.Namespace:
@@ -354,7 +359,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
     settings.update(explicit)
     if settings.get("out") is None:
         settings["out"] = os.environ.get(RUN_DIR_ENV) or str(
-            Path("runs") / f"{settings['dataset']}-{settings['model']}-"
+            Path("runs") / f"{_data_label(settings)}-{settings['model']}-"
             f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     _check_paths(settings)  # data_dir may come from a file
     return argparse.Namespace(**settings)

@@ -67,10 +67,7 @@ NEEDS_PACKAGE = {"tpu": "torch_xla", "transformer-engine": "transformer_engine",
 def model_config(args: argparse.Namespace) -> SAEConfig:
     names = {f.name for f in fields(SAEConfig)}
     config = SAEConfig(**{k: v for k, v in vars(args).items() if k in names})
-    try:
-        config.validate()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    model_config_checked(config)
     return config
 
 
@@ -167,7 +164,25 @@ def _checked(argv: list[str]) -> tuple[argparse.Namespace, SAEConfig]:
     config = model_config(args)
     check_settings(args)
     check_devices(args)
+    if args.data:  # every file read and checked, and on resume compared with the run's
+        from sae.rundata import check_data
+
+        with _signals_held():  # imports numpy (and, for image rows, torch)
+            args.data_record = check_data(args)
+        config.input_dim = int(args.data_record["train"]["shape"][1])
+        model_config_checked(config)
+    elif args.resume is not None:
+        from sae.rundata import check_data
+
+        check_data(args)
     return args, config
+
+
+def model_config_checked(config: SAEConfig) -> None:
+    try:
+        config.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _import_training() -> None:
@@ -195,6 +210,10 @@ def _start(args: argparse.Namespace, out: Path, primary: bool) -> bool:
     if args.resume is None:
         try:
             write_config(args, out / "config.yaml")
+            if getattr(args, "data_record", None) is not None:
+                from sae.rundata import write_record
+
+                write_record(out, args.data_record)
         except OSError:
             runfolder.remove_unfinished(out, created)
             raise

@@ -156,6 +156,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
 
     from sae import runfolder
     from sae.callbacks import EpochSeed, StopOnSignal, StopRequested
+    from sae.matrixdata import train_moments
     from sae.models import build_model, training_callbacks
 
     out = Path(args.out)
@@ -168,8 +169,7 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     ckpt, state, start_step, legacy_seconds = checked_resume(args, config)
 
     dm = load_data(args)
-    mean = dm.train_mean
-    data_var = float((dm.train_x - mean).pow(2).sum(-1).mean())
+    mean, data_var = train_moments(dm)
     init_inputs = None
     if config.resolved_init() == "data":  # seeded: the same images for the same --seed
         pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(args.seed))
@@ -199,7 +199,8 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         from sae.callbacks import FigureCallback
 
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=args.figure_every,
-                                        class_names=dm.class_names))
+                                        class_names=dm.class_names,
+                                        images=not args.data))
     callbacks.append(stop)  # last: a step's end includes the other callbacks' work
     loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
     steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
@@ -255,17 +256,21 @@ def checked_resume(args: argparse.Namespace, config: SAEConfig):
 
 def load_data(args: argparse.Namespace):
     """The run's data module, loaded and checked (at least 2 images, not all the same)."""
-    from sae.data import DataSourceError, ImageDataModule
+    from sae.data import DataSourceError
+    from sae.matrix import MatrixError
+    from sae.matrixdata import data_module, train_moments
 
-    dm = ImageDataModule(args.dataset, args.data_dir, args.batch_size, args.val_size,
-                         limit_train=args.limit_train, limit_test=args.limit_test,
-                         shuffle_seed=args.seed)
-    dm.load()
+    dm = data_module(args, batch_size=args.batch_size, shuffle_seed=args.seed)
+    what = "rows" if args.data else "images"
+    try:
+        dm.load()
+    except MatrixError as e:
+        raise DataSourceError(str(e)) from None
     if len(dm.train_x) < 2:
-        raise DataSourceError(f"training needs at least 2 images, got {len(dm.train_x)} "
+        raise DataSourceError(f"training needs at least 2 {what}, got {len(dm.train_x)} "
                               "(--limit-train)")
-    if not float((dm.train_x - dm.train_mean).pow(2).sum(-1).mean()) > 0:
-        raise DataSourceError("the training images are all the same: their variance is 0")
+    if not train_moments(dm)[1] > 0:
+        raise DataSourceError(f"the training {what} are all the same: their variance is 0")
     return dm
 
 
@@ -297,7 +302,7 @@ def finish(args: argparse.Namespace, config: SAEConfig, model, dm, trainer, wall
         result.update(last_epoch_change(read_validation(out / "metrics.csv")))
         result.update(wall_time_s=wall, steps=int(trainer.global_step),
                       epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
-                      dataset=args.dataset, seed=args.seed, hidden=config.hidden,
+                      dataset=dm.dataset, seed=args.seed, hidden=config.hidden,
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
         write_json(out / "metrics.json", result)
         params = {**asdict(config), **{k: getattr(args, k) for k in (

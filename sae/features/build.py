@@ -64,6 +64,9 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
         max_inputs: use only the first this many test inputs (after ``limit_test``).
         out: where to write the page instead of ``<run_dir>/features.html``.
 
+    A run on activations (``--data``) shows, per unit, the inputs its rows came from: images or
+    texts (:mod:`sae.features.inputs`); its atoms are drawn in the data's own space.
+
     Raises:
         RunFolderError: not a run folder, or no readable checkpoint.
         sae.data.DataSourceError: the test split cannot be found.
@@ -72,45 +75,47 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     config, ckpt = checked_run(run_dir)
 
     from sae.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
-    from sae.data import CLASS_NAMES, load_arrays, to_float
+    from sae.features.inputs import test_inputs
     from sae.figures import save_png
     from sae.figures.embedding import embedding_figure
+    from sae.matrix import MatrixError
     from sae.models import encode_dataset
 
-    dataset = str(config.get("dataset", "mnist"))
-    arrays = load_arrays(dataset, data_dir if data_dir is not None else config.get("data_dir"))
-    images, labels = arrays.test_images, arrays.test_labels
-    for limit in (config.get("limit_test"), max_inputs):
-        if limit:
-            images, labels = images[:int(limit)], labels[:int(limit)]
+    try:
+        inputs = test_inputs(config, data_dir, max_inputs)
+    except MatrixError as exc:
+        raise RunFolderError(str(exc)) from None
+    dataset, labels, class_names = inputs.dataset, inputs.labels, inputs.class_names
     try:
         state = read_checkpoint(ckpt)
         model, epoch = model_from_checkpoint(state), int(state.get("epoch", 0))
     except (CheckpointError, OSError, RuntimeError, KeyError, ValueError) as exc:
         raise RunFolderError(f"cannot load {ckpt}: {exc}") from None
-    x = to_float(images)
+    x = inputs.x
     _, codes = encode_dataset(model, x)
-    class_names = CLASS_NAMES.get(dataset, [str(c) for c in range(int(labels.max()) + 1)])
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= len(class_names)):
         raise RunFolderError(f"the {dataset} test labels hold values outside 0-"
                              f"{len(class_names) - 1}; the data files are damaged")
-    linear = model.config.arch == "linear"  # else the encoder does not act on pixels
+    # attributions are per pixel: only for a one-layer SAE on the pixels themselves
+    linear = model.config.arch == "linear" and inputs.pixels
     stats = feature_stats(codes.numpy(), labels, x.numpy(), model.atoms().cpu().numpy(),
                           model.fire_threshold, n_classes=len(class_names),
                           encoder=model.W_enc.detach().cpu().numpy() if linear else None,
                           centre=model.b_dec.detach().cpu().numpy() if linear else None)
-    stats["probe_weight"], stats["probe_accuracy"] = probe_weights(codes.numpy(), labels,
-                                                                   len(class_names))
+    if inputs.has_labels:  # no probe without labels (the page says so)
+        stats["probe_weight"], stats["probe_accuracy"] = probe_weights(
+            codes.numpy(), labels, len(class_names))
     figure = save_png(embedding_figure(codes.numpy(), labels, class_names),
                       run_dir / "figures" / "code_embedding" / f"epoch_{epoch}.png")
     name = run_dir.resolve().name
     subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
-                f"checkpoint {ckpt.relative_to(run_dir)}")
+                f"checkpoint {ckpt.relative_to(run_dir)}"
+                + ("" if inputs.has_labels else "; unlabelled data: no classes, no probe"))
     target = Path(out) if out is not None else run_dir / "features.html"
     report = run_dir / "report.html"
     href = Path(os.path.relpath(report.resolve(), target.resolve().parent)).as_posix()
-    page = render_features_page(stats, images, name, class_names, subtitle,
+    page = render_features_page(stats, inputs.images, name, class_names, subtitle,
                                 embedding_png=figure.read_bytes(),
-                                report=(href, report.is_file()))
+                                report=(href, report.is_file()), texts=inputs.texts)
     write_text(target, page)
     return target
