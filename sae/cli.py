@@ -367,16 +367,19 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
 
 def unused_flags(argv: list[str], args: argparse.Namespace) -> list[str]:
     """A note for each flag given on the command line that the chosen model does not use:
-    --lambda with a fixed-budget model (topk, batchtopk), --k with a penalty (λ) model."""
+    --lambda with a fixed-budget model (topk, batchtopk), --k with a penalty (λ) model,
+    --dataset beside --data."""
     explicit = vars(build_parser(suppress=True).parse_args(argv))
     fixed = args.model in FIXED_BUDGET
+    notes = [f"note: --dataset is ignored: the run trains on --data {args.data}"] \
+        if "dataset" in explicit and args.data else []
     if "lam" in explicit and fixed:
-        return [f"note: --lambda is ignored by --model {args.model}: its sparsity is --k "
-                f"{args.k}"]
+        notes.append(f"note: --lambda is ignored by --model {args.model}: its sparsity is --k "
+                     f"{args.k}")
     if "k" in explicit and not fixed:
-        return [f"note: --k is ignored by --model {args.model}: its sparsity is --lambda "
-                f"{args.lam:g}"]
-    return []
+        notes.append(f"note: --k is ignored by --model {args.model}: its sparsity is --lambda "
+                     f"{args.lam:g}")
+    return notes
 
 
 def run_dir_of_checkpoint(ckpt: Path) -> str | None:

@@ -1,10 +1,12 @@
 """python -m sae.run: train one SAE and write its run folder.
 
     python -m sae.run --model sparsemax --lambda 0.01
+    python -m sae.run --data acts.npy --model sparsemax --lambda 0.01   (activations, sae.matrix)
 
 Run folder::
 
     config.yaml          resolved settings (re-usable with --config)
+    data.json            with --data: each matrix's path, shape, dtype and SHA-256 (sae.rundata)
     metrics.csv          per-step training and per-epoch validation metrics (all sessions)
     logs/session_<n>/    each session's own metrics.csv (the first run, then each --resume)
     metrics.json         final test-set metrics (written when training completes)

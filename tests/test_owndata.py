@@ -5,6 +5,8 @@ layer dumped by ``python -m sae.layer`` and trained on through the CLI."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -69,7 +71,12 @@ def texts_data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def texts_run(texts_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("texts-run") / "run"
-    assert main(["--data", texts_data, *TINY, "--out", out]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["--data", texts_data, "--dataset", "fashion-mnist", *TINY, "--out",
+                     out]) == 0
+    assert f"note: --dataset is ignored: the run trains on --data {texts_data}" in \
+        printed.getvalue()
     return out
 
 
