@@ -5,6 +5,9 @@ One declaration (a field and its ``setting`` metadata) gives: the flag, its defa
 run's ``config.yaml`` and a sweep file), and its key in ``config.yaml``. Settings travel as
 ``{field name: value}`` dicts; only this module knows that ``lam`` is written ``lambda``.
 
+:func:`run_config` is the whole settings layer of one run: the layered settings, built once
+into a typed :class:`sae.config.RunConfig` and checked (:func:`check_run`).
+
 Every problem is a :class:`UsageError` with a one-line message; no torch, no Lightning here.
 """
 
@@ -14,17 +17,20 @@ import argparse
 import os
 from dataclasses import fields
 from datetime import datetime
+from importlib.util import find_spec
 from pathlib import Path
 
 import yaml
 
-from sae.config import FIXED_BUDGET, SECTIONS, RunFolderConfig
+from sae.config import FIXED_BUDGET, SECTIONS, RunConfig, RunFolderConfig, SAEConfig
+from sae.io import write_text
 from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
 
-__all__ = ["SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser", "check_fields",
-           "check_mapping", "config_file_dict", "load_yaml", "parse_yaml", "path_arg",
-           "read_settings_file", "resolve_settings", "shown", "to_argv"]
+__all__ = ["LAUNCHER_ENV", "SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser",
+           "check_fields", "check_mapping", "check_model", "check_run", "config_file_dict",
+           "load_yaml", "parse_yaml", "path_arg", "read_settings_file", "resolve_settings",
+           "run_config", "shown", "to_argv", "unused_flags", "write_config"]
 
 
 def _settings() -> dict[str, Setting]:
@@ -365,20 +371,22 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
     return argparse.Namespace(**settings)
 
 
-def unused_flags(argv: list[str], args: argparse.Namespace) -> list[str]:
+def unused_flags(argv: list[str], config: RunConfig) -> list[str]:
     """A note for each flag given on the command line that the chosen model does not use:
     --lambda with a fixed-budget model (topk, batchtopk), --k with a penalty (λ) model,
     --dataset beside --data."""
     explicit = vars(build_parser(suppress=True).parse_args(argv))
-    fixed = args.model in FIXED_BUDGET
-    notes = [f"note: --dataset is ignored: the run trains on --data {args.data}"] \
-        if "dataset" in explicit and args.data else []
+    sae = config.sae
+    fixed = sae.model in FIXED_BUDGET
+    data = config.data.data
+    notes = [f"note: --dataset is ignored: the run trains on --data {data}"] \
+        if "dataset" in explicit and data else []
     if "lam" in explicit and fixed:
-        notes.append(f"note: --lambda is ignored by --model {args.model}: its sparsity is --k "
-                     f"{args.k}")
+        notes.append(f"note: --lambda is ignored by --model {sae.model}: its sparsity is --k "
+                     f"{sae.k}")
     if "k" in explicit and not fixed:
-        notes.append(f"note: --k is ignored by --model {args.model}: its sparsity is --lambda "
-                     f"{args.lam:g}")
+        notes.append(f"note: --k is ignored by --model {sae.model}: its sparsity is --lambda "
+                     f"{sae.lam:g}")
     return notes
 
 
@@ -387,3 +395,68 @@ def run_dir_of_checkpoint(ckpt: Path) -> str | None:
         if (parent / "config.yaml").is_file():
             return str(parent)
     return None
+
+
+# ---------------------------------------------------------------- the run's typed settings
+
+
+# set by the launchers that start a run on several machines (torchrun, SLURM, MPI, LSF); without
+# one, each machine waits for the others forever
+LAUNCHER_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LSB_JOBID")
+# weights held in 16 bits: the models here diverge in float16 and evaluate in float32
+HALF_WEIGHTS = ("16-true", "bf16-true")
+NEEDS_PACKAGE = {"tpu": "torch_xla", "transformer-engine": "transformer_engine",
+                 "transformer-engine-float16": "transformer_engine"}
+
+
+def run_config(argv: list[str]) -> RunConfig:
+    """The run's settings for ``argv`` (:func:`resolve_settings`), typed and checked: the model's
+    values (:meth:`sae.config.SAEConfig.validate`) and the run's (:func:`check_run`)."""
+    config = RunConfig.from_settings(vars(resolve_settings(argv)))
+    check_model(config.sae)
+    check_run(config)
+    return config
+
+
+def check_model(sae: SAEConfig) -> None:
+    """The model's values (:meth:`sae.config.SAEConfig.validate`) as a :class:`UsageError`."""
+    try:
+        sae.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_run(config: RunConfig) -> None:
+    """Cross-field checks of a run that the parser cannot do alone (files, environment)."""
+    folder, hardware = config.folder, config.hardware
+    if folder.resume is not None and folder.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    data_dir = config.data.data_dir
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise UsageError(f"--data-dir {data_dir} is not a folder")
+    if folder.resume not in (None, "last"):
+        if not Path(folder.resume).is_file():
+            raise UsageError(f"--resume checkpoint {folder.resume} does not exist")
+    if folder.resume == "last":
+        last = Path(folder.out) / "checkpoints" / "last.ckpt"
+        if not last.is_file():
+            raise UsageError(f"cannot resume: no checkpoint at {last}")
+    if hardware.num_nodes > 1 and not any(os.environ.get(name) for name in LAUNCHER_ENV):
+        raise UsageError(f"--num-nodes {hardware.num_nodes} needs a launcher that starts the run "
+                         f"on every machine (torchrun, SLURM; none of {', '.join(LAUNCHER_ENV)} "
+                         "is set); on one machine use --num-nodes 1")
+    if hardware.precision in HALF_WEIGHTS:
+        raise UsageError(f"--precision {hardware.precision} keeps the weights in 16 bits, which "
+                         "these models cannot train or be evaluated in; use "
+                         f"{hardware.precision.replace('true', 'mixed')}")
+    for flag, value in (("--accelerator", hardware.accelerator),
+                        ("--precision", hardware.precision)):
+        if value in NEEDS_PACKAGE and find_spec(NEEDS_PACKAGE[value]) is None:
+            raise UsageError(f"{flag} {value} needs the {NEEDS_PACKAGE[value]} package, which "
+                             "is not installed")
+
+
+def write_config(config: RunConfig, path: Path) -> None:
+    """The run's ``config.yaml``: every file setting (:func:`config_file_dict`), re-usable with
+    ``--config`` and read back by ``--resume`` as the same settings."""
+    write_text(path, yaml.safe_dump(config_file_dict(config.settings()), sort_keys=False))

@@ -99,10 +99,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sae.cli import OneLineParser, path_arg
+from sae.cli import OneLineParser, UsageError, path_arg
 from sae.io import copy_file, find_link, write_text
-from sae.process import EXIT_USAGE, STOPS, interrupted, raise_terminated, stop_code, stop_word
-from sae.run import UsageError
+from sae.process import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    STOPS,
+    interrupted,
+    raise_terminated,
+    stop_code,
+    stop_word,
+)
 from sae.rundata import check_sweep_data
 from sae.sweep.launch import (
     check_folders,
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"error: {failed} of {len(runs)} runs failed; see their logs in {args.out / 'logs'}",
               file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return 0
 
 

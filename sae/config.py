@@ -9,12 +9,13 @@ before it imports anything heavy: a typo costs a fraction of a second, not Light
 Sections: :class:`SAEConfig` is what the model needs (it is stored in checkpoints);
 :class:`TrainConfig`, :class:`DataConfig`, :class:`OutputConfig` and :class:`HardwareConfig`
 the rest of a run; :class:`RunFolderConfig` the command-line-only settings that say which folder
-to use and how.
+to use and how. :class:`RunConfig` nests one of each: a run's settings, typed, as the settings
+layer (:func:`sae.cli.run_config`) builds them once and training and sweeps read them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from sae.setting import check_fields, setting
 from sae.variants import AUTO_DEFAULTS, FIXED_BUDGET, MODELS, models_using, variant
@@ -22,7 +23,8 @@ from sae.variants import AUTO_DEFAULTS, FIXED_BUDGET, MODELS, models_using, vari
 __all__ = [
     "DATASETS", "DEAD_GUARDS", "FIXED_BUDGET", "MODELS", "PRECISIONS", "PROBE_LOSSES", "SECTIONS",
     "DataConfig",
-    "HardwareConfig", "OutputConfig", "RunFolderConfig", "SAEConfig", "TrainConfig", "setting",
+    "HardwareConfig", "OutputConfig", "RunConfig", "RunFolderConfig", "SAEConfig", "TrainConfig",
+    "setting",
 ]
 
 # settings a configuration saved before they existed had, with the value they had then
@@ -250,3 +252,35 @@ SECTIONS = ((SAEConfig, "model"), (TrainConfig, "training"), (DataConfig, "data"
             (OutputConfig, "run folder and output"),
             (HardwareConfig, "hardware (passed to Lightning)"),
             (RunFolderConfig, "run folder and output"))
+
+
+@dataclass
+class RunConfig:
+    """One run's settings, typed: a section dataclass each (as ``SECTIONS``).
+
+    Built once from the layered flat settings (``{field name: value}``, :mod:`sae.cli`) and
+    passed as it is to training and sweeps; :meth:`settings` gives the flat form back
+    (what ``config.yaml`` is written from).
+    """
+
+    sae: SAEConfig = field(default_factory=SAEConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    folder: RunFolderConfig = field(default_factory=RunFolderConfig)
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> RunConfig:
+        """The sections of flat ``{field name: value}`` settings; a setting not given keeps its
+        default, a name of no section is ignored."""
+        parts = {}
+        for f in fields(cls):
+            section = f.default_factory
+            names = {g.name for g in fields(section)}
+            parts[f.name] = section(**{k: v for k, v in settings.items() if k in names})
+        return cls(**parts)
+
+    def settings(self) -> dict:
+        """Every field of every section, flat: ``{field name: value}``."""
+        return {k: v for f in fields(self) for k, v in asdict(getattr(self, f.name)).items()}

@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 
 from sae.cli import OneLineParser, UsageError
+from sae.config import DATASETS
 from sae.io import UnsafePathError, copy_file, read_bytes, read_text, write_text
-from sae.process import interrupted
+from sae.process import EXIT_FAILED, EXIT_USAGE, interrupted
 
-DATASETS = ("mnist", "fashion-mnist")
 MODELS = ("sparsemax", "kl", "l1", "topk", "batchtopk", "jumprelu")
 KINDS = ("decoder_atoms", "activation_frequency", "class_unit_heatmap", "sparsity_histogram")
 
@@ -153,15 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         return _gallery(args, extra, argv)
     except (UsageError, UnsafePathError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except OSError as e:
         print(f"error: cannot write the gallery: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt as e:
         return interrupted(e, "run the same command again to continue")
 
@@ -185,7 +185,7 @@ def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
                 m = ensure_run(run, dataset, model, args.lam, args.epochs, extra)
             except subprocess.CalledProcessError as e:
                 print(f"error: run {run} failed ({e.returncode})", file=sys.stderr)
-                return 1
+                return EXIT_FAILED
             for kind in KINDS:
                 png = latest_png(run, kind)
                 if png is not None:

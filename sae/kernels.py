@@ -57,7 +57,7 @@ def _compile():
         import numba
     except ImportError:
         return None
-    # "nnan" lets LLVM vectorise the masked sums (about 10x faster); NaN rows are skipped on
+    # "nnan" lets LLVM vectorise the masked sums (many times faster); NaN rows are skipped on
     # integer tests of their bits (torch.amax propagates NaN to the row max), and -inf entries
     # are fine: nnan does not assume finite values.
     opts = {"nogil": True, "cache": True,

@@ -294,13 +294,14 @@ def train_moments(dm) -> tuple[torch.Tensor, float]:
     return mean, float((dm.train_x - mean).pow(2).sum(-1).mean())
 
 
-def data_module(settings, **extra):
-    """The data module of a run's settings (a dict or namespace): the activation matrix of
-    ``data`` when given, else the image dataset (``dataset``, ``data_dir``); split settings as
+def data_module(settings: dict, **extra):
+    """The data module of a run's flat settings (``{field name: value}``, as
+    :meth:`sae.config.RunConfig.settings` or a ``config.yaml`` gives them): the activation matrix
+    of ``data`` when given, else the image dataset (``dataset``, ``data_dir``); split settings as
     the run has them, ``extra`` passed on (batch_size, shuffle_seed)."""
     from sae.data import ImageDataModule
 
-    get = settings.get if isinstance(settings, dict) else lambda k, d=None: getattr(settings, k, d)
+    get = settings.get
     if get("data"):
         return MatrixDataModule(get("data"), val_size=get("val_size", 5000),
                                 limit_train=get("limit_train"), limit_test=get("limit_test"),

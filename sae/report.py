@@ -30,7 +30,8 @@ from pathlib import Path
 from sae import pages
 from sae.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.io import read_bytes, read_text, write_text
-from sae.process import STOPS, interrupted, interruptible
+from sae.metric_defs import METRICS
+from sae.process import EXIT_USAGE, STOPS, interrupted, interruptible
 from sae.variants import VARIANTS, Variant, models_using
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
@@ -90,40 +91,8 @@ _KIND_TEXT = {
 }
 
 # Metric name (last path component, so "test/fvu" matches too) -> definition shown in the table
-# (the README's "Metrics" table).
-_METRIC_NOTES = {
-    "mse": "mean over pixels and samples of (x − x̂)²",
-    "fvu": "fraction of variance unexplained: Σ‖x − x̂‖² / Σ‖x − x̄‖², x̄ the training mean "
-           "image (0 = perfect, 1 = predicting x̄)",
-    "explained_variance": "1 − fvu",
-    "fvu_at_l0": "fvu of the reconstruction from only the units counted in L0 (equals fvu for "
-                 "codes with exact zeros; larger for sigmoid codes, whose units below the "
-                 "firing threshold still reconstruct)",
-    "recon_bias": "Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩, the relative reconstruction bias (1 = "
-                  "unbiased; c for reconstructions shrunk by c towards the mean)",
-    "l0_mean": "mean number of active units per input (h_j > 0; sigmoid codes: h_j above the "
-               "firing threshold)",
-    "l0_std": "population standard deviation of the active units per input",
-    "dead_fraction": "share of units that fire on no test input",
-    "dense_fraction": "share of units firing on more than 50 % of test inputs",
-    "n_samples": "test inputs these metrics are computed on",
-    "n_units": "code units H",
-    "support_fvu": "fvu of the least-squares code on each input's own support: the best any "
-                   "code with those supports could do with this decoder (on n_inputs evenly "
-                   "spaced test inputs)",
-    "support_fvu_const": "support_fvu with a constant budget of round(mean L0) units per input "
-                         "(each input keeps its highest-scoring units)",
-    "adaptive_gain": "support_fvu_const − support_fvu: positive when letting L0 vary per input "
-                     "pays (exactly 0 for TopK)",
-    "adaptivity": "Spearman correlation over test inputs between an input's L0 and its "
-                  "difficulty (energy left after projecting onto the top-m principal "
-                  "components, m = adaptivity_m)",
-    "adaptivity_m": "m = round(mean L0): the principal components adaptivity projects onto",
-    "n_inputs": "test inputs used for support_fvu, adaptive_gain and adaptivity",
-    "probe_accuracy": "linear probe on the codes, test-set accuracy",
-    "alpha": "entmax α at the end of training",
-    "wall_time_s": "training wall-clock time in seconds",
-}
+# (sae.metric_defs, whence the README's metric tables too)
+_METRIC_NOTES = {m.name: m.definition for m in METRICS}
 
 # metrics.json entries that describe the run rather than measure it: shown as "Run", apart
 # from the metrics (name -> label)
@@ -534,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             path = write_report(args.run)
     except (UsageError, RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except STOPS as exc:  # report.html is written atomically: never half of one
         return interrupted(exc)
     print(path)

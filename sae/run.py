@@ -23,25 +23,24 @@ and exit code 2. Exit codes: 0 done, 1 training failed (non-finite loss, disk fu
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import signal
 import sys
 import traceback
 from contextlib import contextmanager
-from dataclasses import fields
-from importlib.util import find_spec
 from pathlib import Path
 
 from sae.cli import (
     UsageError,
     build_parser,
-    config_file_dict,
-    resolve_settings,
+    check_model,
+    run_config,
     unused_flags,
+    write_config,
 )
-from sae.config import SAEConfig
+from sae.config import RunConfig
+from sae.metric_defs import summary_line
 from sae.process import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -51,99 +50,32 @@ from sae.process import (
     Terminated,
     is_primary_process,
     raise_terminated,
+    stop_with_parent,
 )
 
-__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "check_settings", "main", "model_config",
-           "resolve_settings"]
-
-PARENT_ENV = "SAE_STOP_WITH_PARENT"  # a sweep's pid: stop (SIGTERM) when that process dies
-# set by the launchers that start a run on several machines (torchrun, SLURM, MPI, LSF); without
-# one, each machine waits for the others forever
-LAUNCHER_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LSB_JOBID")
-# weights held in 16 bits: the models here diverge in float16 and evaluate in float32
-HALF_WEIGHTS = ("16-true", "bf16-true")
-NEEDS_PACKAGE = {"tpu": "torch_xla", "transformer-engine": "transformer_engine",
-                 "transformer-engine-float16": "transformer_engine"}
+__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
-def model_config(args: argparse.Namespace) -> SAEConfig:
-    names = {f.name for f in fields(SAEConfig)}
-    config = SAEConfig(**{k: v for k, v in vars(args).items() if k in names})
-    model_config_checked(config)
-    return config
-
-
-def check_settings(args: argparse.Namespace) -> None:
-    """Cross-field checks that the parser cannot do alone."""
-    if args.resume is not None and args.overwrite:
-        raise UsageError("--resume and --overwrite exclude each other")
-    if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        raise UsageError(f"--data-dir {args.data_dir} is not a folder")
-    if args.resume not in (None, "last"):
-        if not Path(args.resume).is_file():
-            raise UsageError(f"--resume checkpoint {args.resume} does not exist")
-    if args.resume == "last":
-        last = Path(args.out) / "checkpoints" / "last.ckpt"
-        if not last.is_file():
-            raise UsageError(f"cannot resume: no checkpoint at {last}")
-    if args.num_nodes > 1 and not any(os.environ.get(name) for name in LAUNCHER_ENV):
-        raise UsageError(f"--num-nodes {args.num_nodes} needs a launcher that starts the run on "
-                         f"every machine (torchrun, SLURM; none of {', '.join(LAUNCHER_ENV)} "
-                         "is set); on one machine use --num-nodes 1")
-    if args.precision in HALF_WEIGHTS:
-        raise UsageError(f"--precision {args.precision} keeps the weights in 16 bits, which "
-                         "these models cannot train or be evaluated in; use "
-                         f"{args.precision.replace('true', 'mixed')}")
-    for flag, value in (("--accelerator", args.accelerator), ("--precision", args.precision)):
-        if value in NEEDS_PACKAGE and find_spec(NEEDS_PACKAGE[value]) is None:
-            raise UsageError(f"{flag} {value} needs the {NEEDS_PACKAGE[value]} package, which "
-                             "is not installed")
-
-
-def check_devices(args: argparse.Namespace) -> None:
-    """Whether the device kind asked for is here (imports torch: after the checks above, still
-    before the run folder is claimed)."""
-    needs_cuda = args.accelerator == "cuda" or args.precision.startswith("transformer-engine")
-    if not (needs_cuda or args.accelerator in ("gpu", "mps")):
+def check_devices(config: RunConfig) -> None:
+    """Whether the device kind asked for is here (imports torch: after the checks of the
+    settings, still before the run folder is claimed)."""
+    accelerator, precision = config.hardware.accelerator, config.hardware.precision
+    needs_cuda = accelerator == "cuda" or precision.startswith("transformer-engine")
+    if not (needs_cuda or accelerator in ("gpu", "mps")):
         return
     with _signals_held():
         import torch
 
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if needs_cuda and not cuda:
-        what = (f"--precision {args.precision}" if args.accelerator != "cuda"
-                else "--accelerator cuda")
+        what = f"--precision {precision}" if accelerator != "cuda" else "--accelerator cuda"
         raise UsageError(f"{what} needs a CUDA GPU, and torch sees none here")
-    if args.accelerator == "gpu" and not (cuda or mps):
+    if accelerator == "gpu" and not (cuda or mps):
         raise UsageError("--accelerator gpu: torch sees no CUDA or MPS device here; use "
                          "--accelerator cpu or auto")
-    if args.accelerator == "mps" and not mps:
+    if accelerator == "mps" and not mps:
         raise UsageError("--accelerator mps: torch sees no MPS device here (Apple silicon "
                          "only); use --accelerator cpu or auto")
-
-
-def write_config(args: argparse.Namespace, path: Path) -> None:
-    import yaml
-
-    from sae.io import write_text
-
-    write_text(path, yaml.safe_dump(config_file_dict(vars(args)), sort_keys=False))
-
-
-def stop_with_parent() -> None:
-    """On Linux, ask for SIGTERM when the sweep that started this run dies (even by kill -9),
-    so that no orphaned training goes on writing its run folder."""
-    parent = os.environ.pop(PARENT_ENV, None)  # not inherited by DDP workers
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != parent:  # it died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -161,30 +93,21 @@ def _signals_held():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
-def _checked(argv: list[str]) -> tuple[argparse.Namespace, SAEConfig]:
-    args = resolve_settings(argv)
-    config = model_config(args)
-    check_settings(args)
-    check_devices(args)
-    if args.data:  # every file read and checked, and on resume compared with the run's
-        from sae.rundata import check_data
+def _checked(argv: list[str]) -> tuple[RunConfig, dict | None]:
+    """The run's checked settings and, with --data, the record of its data (read and checked
+    in full, on resume compared with the run's), all before the run folder is touched."""
+    from sae.rundata import check_data
 
-        with _signals_held():  # imports numpy (and, for image rows, torch)
-            args.data_record = check_data(args)
-        config.input_dim = int(args.data_record["train"]["shape"][1])
-        model_config_checked(config)
-    elif args.resume is not None:
-        from sae.rundata import check_data
-
-        check_data(args)
-    return args, config
-
-
-def model_config_checked(config: SAEConfig) -> None:
-    try:
-        config.validate()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    config = run_config(argv)
+    check_devices(config)
+    if not config.data.data:
+        check_data(config)  # a resumed --data run needs its data
+        return config, None
+    with _signals_held():  # imports numpy (and, for image rows, torch)
+        record = check_data(config)
+    config.sae.input_dim = int(record["train"]["shape"][1])
+    check_model(config.sae)
+    return config, record
 
 
 def _import_training() -> None:
@@ -200,22 +123,23 @@ def _import_training() -> None:
     import sae.training  # noqa: F401
 
 
-def _start(args: argparse.Namespace, out: Path, primary: bool) -> bool:
-    """Claim the run folder and write its settings; returns whether the folder was made now.
+def _start(config: RunConfig, record: dict | None, out: Path, primary: bool) -> bool:
+    """Claim the run folder and write its settings (and ``record``, the data's, when given);
+    returns whether the folder was made now.
     A failure undoes what it made and raises (UsageError, OSError)."""
     if not primary:
         return False
     from sae import runfolder
+    from sae.rundata import write_record
 
-    mode = "resume" if args.resume is not None else "overwrite" if args.overwrite else "new"
+    folder = config.folder
+    mode = "resume" if folder.resume is not None else "overwrite" if folder.overwrite else "new"
     created = runfolder.claim(out, mode)
-    if args.resume is None:
+    if folder.resume is None:
         try:
-            write_config(args, out / "config.yaml")
-            if getattr(args, "data_record", None) is not None:
-                from sae.rundata import write_record
-
-                write_record(out, args.data_record)
+            write_config(config, out / "config.yaml")
+            if record is not None:
+                write_record(out, record)
         except OSError:
             runfolder.remove_unfinished(out, created)
             raise
@@ -233,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
-        args, config = _checked(argv)
+        config, record = _checked(argv)
     except UsageError as e:
         say(f"error: {e}")
         return EXIT_USAGE
@@ -241,15 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         stopped = "terminated" if isinstance(e, Terminated) else "interrupted"
         say(f"{stopped} before training started; nothing was written")
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
-    out, created, claimed = Path(args.out), False, False
+    out, created, claimed = Path(config.folder.out), False, False
+    resuming = config.folder.resume is not None
     try:
         with _signals_held():
-            created = _start(args, out, primary)
+            created = _start(config, record, out, primary)
             claimed = True
             if primary:  # within a second of the command: torch is not imported yet
-                print(f"run folder: {out}" + (" (resuming)" if args.resume is not None else ""),
-                      flush=True)
-                for note in unused_flags(argv, args):  # beside the run's other notes
+                print(f"run folder: {out}" + (" (resuming)" if resuming else ""), flush=True)
+                for note in unused_flags(argv, config):  # beside the run's other notes
                     print(note, flush=True)
             _import_training()
     except UsageError as e:
@@ -264,10 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         if not claimed:  # the folder is not this run's: nothing of it is touched
             say(f"{stopped} before training started; nothing was written")
             return code
-        return _stopped(args, out, created, primary, say, stopped, code)
+        return _stopped(config, out, created, primary, say, stopped, code)
     if primary:
         stop_with_parent()
-    return _train(args, config, out, created, primary, say)
+    return _train(config, out, created, primary, say)
 
 
 def _written_by(e: BaseException, function) -> bool:
@@ -275,21 +199,21 @@ def _written_by(e: BaseException, function) -> bool:
     return any(frame.f_code is function.__code__ for frame, _ in traceback.walk_tb(e.__traceback__))
 
 
-def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
+def _train(config: RunConfig, out: Path, created: bool, primary: bool, say) -> int:
     from sae.checkpoints import CheckpointError, write_checkpoint
     from sae.data import DataSourceError
     from sae.models import NonFiniteLossError
     from sae.training import TrainingSetupError, train
 
     try:
-        result = train(args, config)
+        result = train(config)
     except KeyboardInterrupt:
-        return _stopped(args, out, created, primary, say, "interrupted", EXIT_INTERRUPTED)
+        return _stopped(config, out, created, primary, say, "interrupted", EXIT_INTERRUPTED)
     except Terminated:
-        return _stopped(args, out, created, primary, say, "terminated", EXIT_TERMINATED)
+        return _stopped(config, out, created, primary, say, "terminated", EXIT_TERMINATED)
     except (DataSourceError, TrainingSetupError, CheckpointError) as e:
         failed_write = isinstance(e, CheckpointError) and _written_by(e, write_checkpoint)
-        if args.resume is None:
+        if config.folder.resume is None:
             _undo_start(out, created, primary)
         say(f"error: {e}")
         return EXIT_FAILED if failed_write else EXIT_USAGE
@@ -297,7 +221,7 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
         last = out / "checkpoints" / "last.ckpt"
         if last.is_file():
             kept = f"last good checkpoint kept at {last}"
-        elif args.resume is None:
+        elif config.folder.resume is None:
             _undo_start(out, created, primary)
             kept = "no checkpoint yet, nothing was kept"
         else:
@@ -305,14 +229,12 @@ def _train(args, config, out: Path, created: bool, primary: bool, say) -> int:
         say(f"error: training stopped: {e}; {kept}")
         return EXIT_FAILED
     except OSError as e:
-        if args.resume is None:
+        if config.folder.resume is None:
             _undo_start(out, created, primary)
         say(f"error: cannot write to the run folder {out}: {e.strerror or e}")
         return EXIT_FAILED
     if result:
-        print(" ".join(f"{k}={result[k]:.4g}" for k in
-                       ("mse", "fvu", "l0_mean", "l0_std", "dead_fraction", "dense_fraction",
-                        "wall_time_s") if isinstance(result.get(k), int | float)))
+        print(summary_line(result))
         if result.get("converged") is False:
             print(f"note: validation FVU moved {100 * result['val_fvu_change']:.1f} % and L0 "
                   f"{100 * result['val_l0_change']:.1f} % in the last epoch: not converged "
@@ -343,10 +265,12 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
         runfolder.remove_unfinished(out, created)
 
 
-def _stopped(args, out: Path, created: bool, primary: bool, say, what: str, code: int) -> int:
-    if (out / "checkpoints" / "last.ckpt").is_file() or args.resume is not None:
+def _stopped(config: RunConfig, out: Path, created: bool, primary: bool, say, what: str,
+             code: int) -> int:
+    has_checkpoint = (out / "checkpoints" / "last.ckpt").is_file()
+    if has_checkpoint or config.folder.resume is not None:
         command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
-        if primary and not args.no_report and (out / "checkpoints" / "last.ckpt").is_file():
+        if primary and not config.output.no_report and has_checkpoint:
             _interrupted_report(out, command)
         say(f"{what}; continue with: {command}")
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sae.config import RunConfig
 from sae.setting import UsageError
 
 __all__ = ["RECORD", "check_data", "check_sweep_data", "read_record", "same_data",
@@ -53,12 +54,12 @@ def same_data(record: dict, recorded: dict, path: str) -> str | None:
     return None
 
 
-def check_data(args) -> dict | None:
-    """Check ``args.data`` (and, on resume, that it is the run's data); returns its record
-    (None for an image run). Raises UsageError."""
-    out = Path(args.out)
-    recorded = read_record(out) if args.resume is not None else None
-    if not args.data:
+def check_data(config: RunConfig) -> dict | None:
+    """Check ``config.data.data`` (and, on resume, that it is the run's data); returns its
+    record (None for an image run). Raises UsageError."""
+    out, resume, data = Path(config.folder.out), config.folder.resume, config.data.data
+    recorded = read_record(out) if resume is not None else None
+    if not data:
         if recorded is not None:
             raise UsageError(f"cannot resume {out}: it was trained on --data "
                              f"{recorded.get('source')}; give that file, not images")
@@ -67,14 +68,14 @@ def check_data(args) -> dict | None:
     from sae.matrixdata import checked
 
     try:
-        _, record = checked(args.data)
+        _, record = checked(data)
     except MatrixError as e:
         raise UsageError(f"--data: {e}") from None
-    if args.resume is not None:
+    if resume is not None:
         if recorded is None:
-            raise UsageError(f"cannot resume {out} with --data {args.data}: the run holds no "
-                             f"{RECORD} (it was trained on {args.dataset} images)")
-        why = same_data(record, recorded, args.data)
+            raise UsageError(f"cannot resume {out} with --data {data}: the run holds no "
+                             f"{RECORD} (it was trained on {config.data.dataset} images)")
+        why = same_data(record, recorded, data)
         if why:
             raise UsageError(f"cannot resume {out}: {why}")
     return record

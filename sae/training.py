@@ -6,7 +6,6 @@ is claimed; everything heavy (torch, Lightning) is imported here, not there.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -16,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from sae.config import SAEConfig
+from sae.config import RunConfig
 from sae.process import Terminated, is_primary_process
 
 __all__ = ["Terminated", "TrainingSetupError", "quiet_lightning", "train"]
@@ -93,29 +92,31 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def checkpoint_to_resume(args: argparse.Namespace) -> Path:
-    if args.resume in (None, "last"):
-        return Path(args.out) / "checkpoints" / "last.ckpt"
-    return Path(args.resume)
+def checkpoint_to_resume(config: RunConfig) -> Path:
+    resume = config.folder.resume
+    if resume in (None, "last"):
+        return Path(config.folder.out) / "checkpoints" / "last.ckpt"
+    return Path(resume)
 
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:300] or type(e).__name__
 
 
-def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, callbacks: list,
+def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks: list,
                   loggers: list, preloaded: tuple[Path, dict] | None = None):
     import lightning.pytorch as L
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from sae.checkpoints import SafeCheckpointIO
 
+    training, hw, progress = config.train, config.hardware, config.output.progress
     val_interval, val_every_epochs = 1.0, 1
-    if args.max_steps is not None and args.max_steps < steps_per_epoch:
+    if training.max_steps is not None and training.max_steps < steps_per_epoch:
         # still validate (and checkpoint) before stopping; counted in steps across epochs, as
         # DDP ranks see shorter epochs
-        val_interval, val_every_epochs = args.max_steps, None
-    show_progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
+        val_interval, val_every_epochs = training.max_steps, None
+    show_progress = progress == "on" or (progress == "auto" and sys.stderr.isatty())
     if show_progress:
         from sae.callbacks import ProgressBar
 
@@ -126,22 +127,23 @@ def build_trainer(args: argparse.Namespace, out: Path, steps_per_epoch: int, cal
         callbacks = [*callbacks, EpochLines()]
     try:
         return L.Trainer(
-            max_epochs=args.epochs, max_steps=args.max_steps or -1, accelerator=args.accelerator,
-            devices=args.devices, strategy=args.strategy, num_nodes=args.num_nodes,
-            precision=args.precision, gradient_clip_val=args.grad_clip or None,
+            max_epochs=training.epochs, max_steps=training.max_steps or -1,
+            accelerator=hw.accelerator,
+            devices=hw.devices, strategy=hw.strategy, num_nodes=hw.num_nodes,
+            precision=hw.precision, gradient_clip_val=training.grad_clip or None,
             gradient_clip_algorithm="norm", logger=loggers, callbacks=callbacks,
             plugins=[SafeCheckpointIO(preloaded)],
-            log_every_n_steps=min(args.log_every, steps_per_epoch),
+            log_every_n_steps=min(config.output.log_every, steps_per_epoch),
             val_check_interval=val_interval, check_val_every_n_epoch=val_every_epochs,
             num_sanity_val_steps=0, enable_progress_bar=show_progress,
             enable_model_summary=False, default_root_dir=out)
     except (MisconfigurationException, ValueError, RuntimeError, TypeError) as e:
-        raise TrainingSetupError(f"cannot set up training with --accelerator {args.accelerator} "
-                                 f"--devices {args.devices} --strategy {args.strategy}: "
+        raise TrainingSetupError(f"cannot set up training with --accelerator {hw.accelerator} "
+                                 f"--devices {hw.devices} --strategy {hw.strategy}: "
                                  f"{_one_line(e)}") from None
 
 
-def train(args: argparse.Namespace, config: SAEConfig) -> dict:
+def train(config: RunConfig) -> dict:
     """Fit and evaluate; returns the test metrics (empty on DDP ranks other than 0).
 
     Reads top to bottom: the checkpoint to resume (checked before anything changes), data,
@@ -159,25 +161,25 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
     from sae.matrixdata import train_moments
     from sae.models import build_model, training_callbacks
 
-    out = Path(args.out)
+    out, sae, seed = Path(config.folder.out), config.sae, config.train.seed
     quiet_lightning()
-    L.seed_everything(args.seed, workers=True, verbose=False)
+    L.seed_everything(seed, workers=True, verbose=False)
 
     # resume: the checkpoint is read and checked in full (its archive, checksum, schema, and the
     # optimiser, loop and callback states Lightning will restore) before anything in the folder
     # changes: a checkpoint that fails any check costs no session folder and no log file
-    ckpt, state, start_step, legacy_seconds = checked_resume(args, config)
+    ckpt, state, start_step, legacy_seconds = checked_resume(config)
 
-    dm = load_data(args)
+    dm = load_data(config)
     mean, data_var = train_moments(dm)
     init_inputs = None
-    if config.resolved_init() == "data":  # seeded: the same images for the same --seed
-        pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(args.seed))
-        init_inputs = dm.train_x[pick[: config.hidden]]
+    if sae.resolved_init() == "data":  # seeded: the same images for the same --seed
+        pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(seed))
+        init_inputs = dm.train_x[pick[: sae.hidden]]
     try:
-        model = build_model(config, mean, data_var, init_inputs)
+        model = build_model(sae, mean, data_var, init_inputs)
     except (RuntimeError, MemoryError) as e:
-        raise TrainingSetupError(f"cannot build the model (--hidden {config.hidden}): "
+        raise TrainingSetupError(f"cannot build the model (--hidden {sae.hidden}): "
                                  f"{_one_line(e)}") from None
 
     if is_primary_process():
@@ -192,23 +194,23 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         ModelCheckpoint(dirpath=out / "checkpoints", filename="last", monitor=None,
                         save_top_k=1, enable_version_counter=False),
         timer,
-        EpochSeed(args.seed),  # an epoch's randomness does not depend on a resume
-        *training_callbacks(config),
+        EpochSeed(seed),  # an epoch's randomness does not depend on a resume
+        *training_callbacks(sae),
     ]
-    if not args.no_figures:
+    if not config.output.no_figures:
         from sae.callbacks import FigureCallback
 
-        callbacks.append(FigureCallback(out / "figures", every_n_epochs=args.figure_every,
+        callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
                                         class_names=dm.class_names,
-                                        images=not args.data))
+                                        images=not config.data.data))
     callbacks.append(stop)  # last: a step's end includes the other callbacks' work
     loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
-    steps_per_epoch = math.ceil(len(dm.train_x) / args.batch_size)
+    steps_per_epoch = math.ceil(len(dm.train_x) / config.train.batch_size)
     # the checkpoint read and checked above is the one Lightning restores: not read twice
-    trainer = build_trainer(args, out, steps_per_epoch, callbacks, loggers,
+    trainer = build_trainer(config, out, steps_per_epoch, callbacks, loggers,
                             preloaded=(ckpt, state) if ckpt else None)
     state = None
-    fit_model = torch.compile(model) if args.compile else model
+    fit_model = torch.compile(model) if config.hardware.compile else model
     try:
         trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
                     weights_only=True)
@@ -232,21 +234,22 @@ def train(args: argparse.Namespace, config: SAEConfig) -> dict:
         raise Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt
     if not trainer.is_global_zero:
         return {}
-    return finish(args, config, model, dm, trainer, wall)
+    return finish(config, model, dm, trainer, wall)
 
 
-def checked_resume(args: argparse.Namespace, config: SAEConfig):
+def checked_resume(config: RunConfig):
     """(checkpoint path, its checked state, its step, an earlier version's training seconds)
     of ``--resume``; (None, None, 0, 0.0) for a fresh run."""
     from sae.checkpoints import check_compatible, read_checkpoint
 
-    if args.resume is None:
+    if config.folder.resume is None:
         return None, None, 0, 0.0
-    ckpt = checkpoint_to_resume(args)
+    ckpt = checkpoint_to_resume(config)
     state = read_checkpoint(ckpt)
-    check_compatible(state, asdict(config), ckpt)
-    if int(state.get("epoch", 0)) > args.epochs:
-        raise TrainingSetupError(f"--epochs {args.epochs} is below the epoch of checkpoint "
+    check_compatible(state, asdict(config.sae), ckpt)
+    epochs = config.train.epochs
+    if int(state.get("epoch", 0)) > epochs:
+        raise TrainingSetupError(f"--epochs {epochs} is below the epoch of checkpoint "
                                  f"{ckpt} ({state['epoch']}); give at least that many")
     legacy_seconds = 0.0
     if not any(str(k).startswith("Timer") for k in state.get("callbacks", {})):
@@ -254,14 +257,15 @@ def checked_resume(args: argparse.Namespace, config: SAEConfig):
     return ckpt, state, int(state.get("global_step", 0)), legacy_seconds
 
 
-def load_data(args: argparse.Namespace):
+def load_data(config: RunConfig):
     """The run's data module, loaded and checked (at least 2 images, not all the same)."""
     from sae.data import DataSourceError
     from sae.matrix import MatrixError
     from sae.matrixdata import data_module, train_moments
 
-    dm = data_module(args, batch_size=args.batch_size, shuffle_seed=args.seed)
-    what = "rows" if args.data else "images"
+    dm = data_module(config.settings(), batch_size=config.train.batch_size,
+                     shuffle_seed=config.train.seed)
+    what = "rows" if config.data.data else "images"
     try:
         dm.load()
     except MatrixError as e:
@@ -288,7 +292,7 @@ def status(label: str):
     print(f" {time.perf_counter() - start:.1f} s", flush=True)
 
 
-def finish(args: argparse.Namespace, config: SAEConfig, model, dm, trainer, wall: float) -> dict:
+def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:
     """After a completed fit (rank 0): test metrics to ``metrics.json`` and TensorBoard, the
     feature browser and the report, each with a status line; returns the test metrics."""
     from sae.callbacks import log_test_hparams
@@ -296,28 +300,29 @@ def finish(args: argparse.Namespace, config: SAEConfig, model, dm, trainer, wall
     from sae.evaluate import evaluate
     from sae.io import write_json
 
-    out = Path(args.out)
+    out, sae, training = Path(config.folder.out), config.sae, config.train
     with status("test metrics"):
         result, _ = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
         result.update(last_epoch_change(read_validation(out / "metrics.csv")))
         result.update(wall_time_s=wall, steps=int(trainer.global_step),
-                      epochs=int(trainer.current_epoch), model=config.model, lam=config.lam,
-                      dataset=dm.dataset, seed=args.seed, hidden=config.hidden,
+                      epochs=int(trainer.current_epoch), model=sae.model, lam=sae.lam,
+                      dataset=dm.dataset, seed=training.seed, hidden=sae.hidden,
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
         write_json(out / "metrics.json", result)
-        params = {**asdict(config), **{k: getattr(args, k) for k in (
-            "dataset", "seed", "epochs", "max_steps", "batch_size")}}
+        params = {**asdict(sae), "dataset": config.data.dataset, "seed": training.seed,
+                  "epochs": training.epochs, "max_steps": training.max_steps,
+                  "batch_size": training.batch_size}
         log_test_hparams(trainer.loggers, params, result, step=int(trainer.global_step))
         for logger in trainer.loggers:
             closing = getattr(logger, "close", None)
             if closing is not None:
                 closing()
-    if not args.no_features:
+    if not config.output.no_features:
         from sae.features import build_features
 
         with status("feature browser"):
-            build_features(out, data_dir=args.data_dir)
-    if not args.no_report:
+            build_features(out, data_dir=config.data.data_dir)
+    if not config.output.no_report:
         from sae.report import write_report
 
         with status("report"):

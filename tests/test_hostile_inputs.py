@@ -169,7 +169,7 @@ def test_values_that_would_fail_later_are_refused_before_the_folder(tmp_path, ca
 
     import torch
 
-    from sae.run import LAUNCHER_ENV
+    from sae.cli import LAUNCHER_ENV
 
     for name in LAUNCHER_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -197,11 +197,10 @@ def test_values_that_would_fail_later_are_refused_before_the_folder(tmp_path, ca
 
 
 def test_num_nodes_is_taken_under_a_launcher(monkeypatch):
-    from sae.cli import resolve_settings
-    from sae.run import check_settings
+    from sae.cli import run_config
 
     monkeypatch.setenv("SLURM_NTASKS", "8")
-    check_settings(resolve_settings(["--num-nodes", "2", "--out", "x"]))
+    assert run_config(["--num-nodes", "2", "--out", "x"]).hardware.num_nodes == 2
 
 
 def test_over_long_names_are_one_line(tmp_path, capsys):

@@ -61,3 +61,39 @@ def test_published_comparisons_hold_the_new_models_and_measures(name):
         assert results.groupby(["model", "value"])["seed"].nunique().eq(3).all()
     for file in ("comparison.md", "comparison.html", "fvu_vs_l0.png", "probe_vs_l0.png"):
         assert (folder / file).is_file()
+
+
+METRIC_TABLE = re.compile(r"<!-- metrics: (\w+) -->\n(.*?)\n<!-- /metrics -->", re.S)
+
+
+def test_metric_tables_are_the_registry():
+    """The README's metric tables are sae.metric_defs's, row for row."""
+    from sae.metric_defs import markdown_table
+
+    found = dict(METRIC_TABLE.findall(README))
+    assert set(found) == {"run", "sweep"}, "the README marks its two metric tables"
+    for group, table in found.items():
+        assert table == markdown_table(group), f"{group}: regenerate with markdown_table"
+
+
+def test_every_number_a_run_or_sweep_reports_is_a_registered_metric():
+    from sae.metric_defs import METRIC, METRICS
+    from sae.metrics import DYNAMIC_KEYS, SUMMARY_KEYS
+    from sae.sweep.aggregate import SUMMARY_METRICS
+
+    assert len(METRIC) == len(METRICS), "a metric is registered twice"
+    assert set(SUMMARY_KEYS) | set(DYNAMIC_KEYS) <= set(METRIC)
+    assert set(SUMMARY_METRICS) - {"converged"} <= set(METRIC)
+    for m in METRICS:
+        assert m.better in (None, "lower", "higher") and m.group in ("run", "sweep", "count")
+        assert format(0.5, m.fmt) and m.definition and m.label
+
+
+def test_layout_names_every_module_once():
+    """The Layout section has one line per module of sae/ and names nothing that is not one."""
+    start = README.index("```\n", README.index("## Layout")) + 4
+    block = README[start:README.index("```\n", start)]
+    named = [line.split()[0] for line in block.splitlines() if line.startswith("sae/")]
+    modules = sorted(str(p.relative_to(REPO)) for p in (REPO / "sae").rglob("*.py"))
+    assert len(named) == len(set(named)), "a module is named twice"
+    assert sorted(named) == modules

@@ -14,6 +14,7 @@ from sae.cli import (
     read_settings_file,
     resolve_settings,
     to_argv,
+    write_config,
 )
 from sae.config import SECTIONS, SAEConfig
 
@@ -51,15 +52,15 @@ def test_written_config_reads_back_identically(tmp_path):
 
 
 def test_config_file_and_flags_layer(tmp_path):
-    """defaults < --config < explicit flags, and the config.yaml a run writes (sae.run's
+    """defaults < --config < explicit flags, and the config.yaml a run writes (sae.cli's
     write_config) gives the same settings again as a --config file."""
-    from sae.run import write_config
+    from sae.config import RunConfig
 
     (tmp_path / "exp.yaml").write_text("model: kl\nlambda: 0.05\nrho: 0.1\nhidden: 32\n")
     args = resolve_settings(["--config", str(tmp_path / "exp.yaml"), "--lambda", "0.02",
                              "--out", str(tmp_path / "run")])
     assert (args.model, args.lam, args.rho, args.hidden, args.epochs) == ("kl", 0.02, 0.1, 32, 10)
-    write_config(args, tmp_path / "config.yaml")
+    write_config(RunConfig.from_settings(vars(args)), tmp_path / "config.yaml")
     again = resolve_settings(["--config", str(tmp_path / "config.yaml"), "--out", "x"])
     assert {k: v for k, v in vars(again).items() if k not in ("config", "out")} == \
         {k: v for k, v in vars(args).items() if k not in ("config", "out")}
@@ -106,3 +107,47 @@ def test_sae_config_validate_checks_field_bounds_and_cross_fields():
     with pytest.raises(ValueError, match="--groups"):
         SAEConfig(hidden=10, groups=3).validate()
     SAEConfig().validate()
+
+
+def test_a_run_config_is_typed_sections_built_once_and_checked():
+    from sae.cli import run_config
+    from sae.config import RunConfig
+
+    config = run_config(["--model", "topk", "--k", "8", "--devices", "0,1", "--epochs", "3",
+                         "--no-report", "--out", "x"])
+    assert (config.sae.model, config.sae.k, config.train.epochs) == ("topk", 8, 3)
+    assert config.hardware.devices == [0, 1] and config.output.no_report
+    assert config.folder.out == "x" and config.data.dataset == "mnist"
+    assert RunConfig.from_settings(config.settings()) == config
+    assert config_file_dict(config.settings()) == \
+        config_file_dict(vars(resolve_settings(["--model", "topk", "--k", "8", "--devices",
+                                                "0,1", "--epochs", "3", "--no-report",
+                                                "--out", "x"])))
+    with pytest.raises(UsageError, match="--k must be <= --hidden"):
+        run_config(["--model", "topk", "--k", "16", "--hidden", "8", "--out", "x"])
+    with pytest.raises(UsageError, match="use bf16-mixed"):  # a check of the run, not the model
+        run_config(["--precision", "bf16-true", "--out", "x"])
+
+
+def test_no_module_below_the_entry_point_imports_it():
+    """Only sae.run itself and the sweep worker (which runs sae.run's main in its own process,
+    as ``python -m sae.run`` would) import sae.run; the settings, checks and process helpers it
+    uses live below it."""
+    import ast
+    from pathlib import Path
+
+    import sae
+
+    root = Path(sae.__file__).parent
+    importers = set()
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if any(n == "sae.run" or n.startswith("sae.run.") for n in names):
+                importers.add(path.relative_to(root).as_posix())
+    assert importers == {"sweep/worker.py"}

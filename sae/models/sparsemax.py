@@ -68,9 +68,9 @@ class SparsemaxSAE(SparseAutoencoder):
     λ = 0.01 near the L0 of the L1 and KL defaults), and it is 1 for a one-hot code. Lower orders
     weigh small entries more (order 0 is L0 itself). Orders 2 (the participation ratio 1/Σ p²)
     and 1 (the exponential of the entropy) could be lowered by piling mass onto one always-on
-    unit while many tiny entries joined the support: in 10-epoch MNIST runs L0 kept rising over
-    the last epochs (order 2: 62 → 92, order 1: 43 → 64), against 31 → 35 with order 1/2. Its
-    gradient, proportional to 1/sqrt(p_j), pushes small entries out of the support.
+    unit while many tiny entries joined the support, and L0 kept rising late in training (the
+    README gives the runs' numbers). Its gradient, proportional to 1/sqrt(p_j), pushes small
+    entries out of the support.
 
     **Values on the support** (``values``). ``shrunk``: h = r·p as above, every active value
     offset by the threshold Tτ. ``unshrunk``: h_j = r·ReLU(s_j) on sparsemax's support, 0
@@ -100,24 +100,26 @@ class SparsemaxSAE(SparseAutoencoder):
     1 on the simplex), relative to the mean active share 1/|S| of the input's group, so the
     window holds a similar fraction of the units near the threshold at every L0 (κ =
     ``GATE_BANDWIDTH``). (Before, ``unshrunk-ste`` passed the shrunk code's gradient to the
-    unshrunk forward; that mismatch collapsed training, L0 ≈ 3 with 61-70 % dead units.)
+    unshrunk forward; that mismatch collapsed training to a handful of active units and most
+    units dead.)
 
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
-    (and, tied, the encoder rows) at centred training images for this model (31.8 % → 1.4 % dead
-    units on Fashion-MNIST in 10 epochs), and resampled units are admitted into the support on
+    (and, tied, the encoder rows) at centred training images for this model (far fewer dead
+    units; the README gives the numbers), and resampled units are admitted into the support on
     their source input (``after_resample``).
     """
 
     # a resampled unit must come near the others' scores on its input to enter the support at
-    # all; at 1.0 it out-scores every unit there, and validation fvu jumped by half after each
-    # resampling in our MNIST runs; 0.5 resampled as many units without that jump
+    # all; at 1.0 it out-scores every unit there, and validation fvu jumped after each
+    # resampling on MNIST; 0.5 resampled as many units without that jump
     resample_encoder_scale = 0.5
     GATE_BANDWIDTH = 1.0  # κ: the gate's window ε = κ/|S|, one mean active share wide
     GATE_PRICE = 10.0  # unshrunk-ste's penalty: λ / GATE_PRICE per active unit
-    # Adam moves log T by about lr a step at most; with unshrunk-ste at the base lr, L0 at
-    # λ = 1e-4 reached 35 after 430 MNIST steps, at 10x 135 (JumpReLU's thresholds learn 10x
-    # faster too); with the normalized temperature, λ barely moved L0 in short runs at the base lr
+    # Adam moves log T by about lr a step at most: at the base lr, T (what sizes the support
+    # with unshrunk-ste or the normalized temperature) moved too slowly for λ to reach the L0 it
+    # sets within a short run (the README gives the numbers); JumpReLU's thresholds learn 10x
+    # faster too
     TEMPERATURE_LR_SCALE = 10.0
     NORMALIZED_T0 = 0.03  # normalized temperature: T₀ = 0.03 n (7 % of normal scores active)
 

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from sae.metric_defs import METRIC
+
 __all__ = ["CONFIG_KEYS", "PROBE_METRICS", "RESULT_COLUMNS", "SUMMARY_METRICS", "config_label",
            "exact_zeros", "is_finite_number", "match_kl", "results_frame", "summarize_seeds"]
 
@@ -56,10 +58,8 @@ SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fractio
                    "adaptivity", "wall_time_s", "converged"]
 
 # probe loss -> (summary metric of its test accuracy, heading in the summary table)
-PROBE_METRICS = {
-    "softmax": ("probe_accuracy", "probe acc. %"),
-    "sparsemax": ("probe_sparsemax_accuracy", "sparsemax probe %"),
-}
+PROBE_METRICS = {loss: (name, METRIC[name].label) for loss, name in
+                 (("softmax", "probe_accuracy"), ("sparsemax", "probe_sparsemax_accuracy"))}
 
 
 # |fvu_at_l0 - fvu| at or below this: the code has exact zeros (both are the same number)

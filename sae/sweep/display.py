@@ -16,11 +16,12 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from sae.metric_defs import METRIC
 from sae.sweep.aggregate import PROBE_METRICS, config_label, is_finite_number
 from sae.sweep.matching import criteria, headline, matched_label, verdict
 
-__all__ = ["best_cells", "format_criterion", "headline_display", "kl_display", "summary_display",
-           "to_html", "to_markdown", "verdict_display"]
+__all__ = ["SUMMARY_COLUMNS", "best_cells", "format_criterion", "headline_display", "kl_display",
+           "summary_display", "to_html", "to_markdown", "verdict_display"]
 
 _NAN = float("nan")
 
@@ -41,11 +42,11 @@ def best_cells(summary: pd.DataFrame, dataset: str,
     return cells
 
 
-def format_criterion(metric: str, value: float) -> str:
-    """A verdict value as text: FVU at 4 decimals, probe accuracy and dead units in percent."""
-    if metric in ("probe_accuracy", "probe_sparsemax_accuracy", "dead_fraction"):
-        return _pm(value, _NAN, ".1f" if metric == "dead_fraction" else ".2f", 100.0, " %")
-    return _pm(value, _NAN, ".4f")
+def format_criterion(name: str, value: float) -> str:
+    """A verdict value as text, in its metric's format (:mod:`sae.metric_defs`): FVU at 4
+    decimals, probe accuracy and dead units in percent."""
+    m = METRIC[name]
+    return _pm(value, _NAN, m.fmt, m.scale, " %" if m.scale == 100 else m.unit)
 
 
 def verdict_display(judged: pd.DataFrame, dataset: str) -> pd.DataFrame:
@@ -90,24 +91,15 @@ def _converged(mean: float, n_seeds: int) -> str:
     return f"{round(mean * n_seeds)}/{n_seeds}" if is_finite_number(mean) else "–"
 
 
+# the summary table's metric columns, in order
+SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
+                   "dense_fraction", "probe_accuracy", "probe_sparsemax_accuracy",
+                   "probe_sparsemax_classes", "recon_bias", "support_fvu", "adaptive_gain",
+                   "adaptivity", "wall_time_s")
+# heading, format, scale and unit of each are the metric's own (sae.metric_defs):
 # column heading -> (metric, number format, scale, unit)
-_SUMMARY_CELLS = {
-    "MSE": ("mse", ".5f", 1.0, ""),
-    "FVU": ("fvu", ".4f", 1.0, ""),
-    "FVU at L0": ("fvu_at_l0", ".4f", 1.0, ""),
-    "L0 mean": ("l0_mean", ".1f", 1.0, ""),
-    "L0 std": ("l0_std", ".1f", 1.0, ""),
-    "dead %": ("dead_fraction", ".1f", 100.0, ""),
-    "dense %": ("dense_fraction", ".1f", 100.0, ""),
-    "probe acc. %": ("probe_accuracy", ".2f", 100.0, ""),
-    "sparsemax probe %": ("probe_sparsemax_accuracy", ".2f", 100.0, ""),
-    "probe classes": ("probe_sparsemax_classes", ".2f", 1.0, ""),
-    "recon bias": ("recon_bias", ".3f", 1.0, ""),
-    "support FVU": ("support_fvu", ".4f", 1.0, ""),
-    "adaptive gain": ("adaptive_gain", ".4f", 1.0, ""),
-    "adaptivity": ("adaptivity", ".2f", 1.0, ""),
-    "train time": ("wall_time_s", ".0f", 1.0, " s"),
-}
+_SUMMARY_CELLS = {METRIC[name].label: (name, METRIC[name].fmt, METRIC[name].scale,
+                                       METRIC[name].unit) for name in SUMMARY_COLUMNS}
 
 
 def summary_display(summary: pd.DataFrame, dataset: str,

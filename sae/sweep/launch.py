@@ -27,8 +27,7 @@ from pathlib import Path
 from sae import runfolder
 from sae.cli import UsageError
 from sae.io import open_regular
-from sae.process import RUN_DIR_ENV, STOPS
-from sae.run import PARENT_ENV
+from sae.process import PARENT_ENV, RUN_DIR_ENV, STOPS
 from sae.sweep.analysis import DataCache, analyse_run, run_metrics
 from sae.sweep.spec import Run
 
@@ -81,10 +80,10 @@ def check_folders(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str]) 
             raise UsageError(f"{sweep_dir / run.rel} exists but is not a run folder (no "
                              "config.yaml); move it away")
     multi = [r for r in runs if gpus and uses_gpu(r) and jobs > 1
-             and str(r.settings.get("devices")) not in ("1", "auto")]
+             and str(r.config.hardware.devices) not in ("1", "auto")]
     if multi:
         raise UsageError("--jobs > 1 gives each GPU run one GPU; use --jobs 1 for runs with "
-                         f"devices={multi[0].settings.get('devices')}")
+                         f"devices={multi[0].config.hardware.devices}")
 
 
 def lock(sweep_dir: Path):
@@ -128,7 +127,7 @@ def open_log(path: Path):
 
 def uses_gpu(run: Run) -> bool:
     """Whether the run trains on a GPU when one is visible (auto picks one when present)."""
-    return str(run.settings.get("accelerator", "auto")).lower() in ("gpu", "cuda", "auto")
+    return run.config.hardware.accelerator.lower() in ("gpu", "cuda", "auto")
 
 
 def visible_gpus() -> list[str]:
@@ -170,10 +169,10 @@ def in_process(run: Run, gpus_per_slot: int) -> bool:
     Multi-process runs (``strategy: ddp``, several devices or nodes) start their own processes
     by re-running their command line, so they train as ``python -m sae.run`` subprocesses.
     """
-    s = run.settings
-    if int(s.get("num_nodes") or 1) != 1 or str(s.get("strategy", "auto")) != "auto":
+    hardware = run.config.hardware
+    if hardware.num_nodes != 1 or hardware.strategy != "auto":
         return False
-    devices = str(s.get("devices", "auto"))
+    devices = str(hardware.devices)
     if devices == "1":
         return True
     # auto: every visible GPU of the slot when the run may use one, else one CPU process

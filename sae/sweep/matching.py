@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from sae.metric_defs import METRIC
 from sae.sweep.aggregate import PROBE_METRICS, config_label, exact_zeros, is_finite_number
 
 __all__ = ["BAND_TARGETS", "CRITERIA", "HEADLINE_TARGETS", "L0_BANDS", "L0_TOLERANCE",
@@ -51,12 +52,10 @@ MATCHED_METRICS = ["fvu_at_l0", "fvu", "support_fvu", "dead_fraction", "adaptivi
 def criteria(probe_loss: str = "softmax") -> dict[str, tuple[str, str, str]]:
     """criterion -> (summary metric, "min" or "max" is best, heading in the summary table);
     the probe criterion judges the probe trained with ``probe_loss``."""
-    metric, head = PROBE_METRICS[probe_loss]
-    return {
-        "FVU at L0": ("fvu_at_l0", "min", "FVU at L0"),
-        "probe accuracy": (metric, "max", head),
-        "dead units": ("dead_fraction", "min", "dead %"),
-    }
+    names = {"FVU at L0": "fvu_at_l0", "probe accuracy": PROBE_METRICS[probe_loss][0],
+             "dead units": "dead_fraction"}
+    return {criterion: (name, "min" if METRIC[name].better == "lower" else "max",
+                        METRIC[name].label) for criterion, name in names.items()}
 
 
 CRITERIA = criteria()

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sae.io import write_text
+from sae.metric_defs import METRIC
 from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes, read_json
 from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
 
-__all__ = ["FIGURE_FILES", "LEGEND", "comparison_html", "comparison_markdown", "findings",
+__all__ = ["FIGURE_FILES", "comparison_html", "comparison_markdown", "findings", "legend",
            "publish_page", "related_links", "write_outputs"]
 
 FIGURE_FILES = {
@@ -47,23 +48,15 @@ FIGURE_FILES = {
 }
 
 
-LEGEND = ("Cells are mean ± std over seeds (sample std; none with one seed), on the test set. "
-          "FVU: fraction of variance unexplained; FVU at L0: the FVU when only the units counted "
-          "in L0 reconstruct (differs from FVU only for a code without exact zeros, the "
-          "KL-SAE, whose sigmoid units below the firing threshold still reconstruct); L0: "
-          "active units per test input; dead: units that never fire on the test set; dense: "
-          "units that fire on more than half of the test inputs; probe: "
-          "linear classifier trained on train-set codes, scored on test-set codes, with the "
-          "softmax (cross-entropy) loss; sparsemax probe: the same with the sparsemax loss, "
-          "whose class probabilities have exact zeros; probe classes: the mean number of "
-          "classes that probe leaves nonzero on a test input (of 10); recon bias: "
-          "Σ‖x̂ − x̄‖² / Σ⟨x̂ − x̄, x − x̄⟩ (1 = unbiased, below 1 = shrunk towards the mean); "
-          "support FVU: the FVU of the least-squares code on each input's own support; adaptive "
-          "gain: support FVU with a constant budget of round(mean L0) units minus that with the "
-          "model's own supports (positive: a per-input L0 pays); adaptivity: Spearman "
-          "correlation of an input's L0 with its difficulty (energy outside the top principal "
-          "components); train time: wall-clock seconds of training. Bold: the best in its L0 "
-          "band (see the verdict).")
+def legend() -> str:
+    """What the summary table's cells are: its metrics' definitions (:mod:`sae.metric_defs`)."""
+    from sae.sweep.display import SUMMARY_COLUMNS
+
+    return ("Cells are mean ± std over seeds (sample std; none with one seed), on the test set. "
+            + "; ".join(f"{METRIC[name].label}: {METRIC[name].definition}"
+                        for name in SUMMARY_COLUMNS)
+            + ". Bold: the best in its L0 band (see the verdict).")
+
 
 _VERDICT_NOTE = ("Every criterion is compared at the same L0 for every model (16, 32 or 64 "
                  "active units, the band's target), interpolated on each model's own curve "
@@ -243,7 +236,7 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
     parts = [f"# Comparison: {sweep.path.name}", ""]
     if sweep.description:
         parts += [sweep.description.strip(), ""]
-    parts += [f"{n_done} of {n_runs} runs finished. {LEGEND}", ""]
+    parts += [f"{n_done} of {n_runs} runs finished. {legend()}", ""]
     if links["pages"]:
         parts += ["See also: " + " · ".join(f"[{t}]({h})" for t, h in links["pages"]), ""]
     if build_note(links):
@@ -317,7 +310,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
                  pages.Section("sweep", "Sweep file", pages.code_block(sweep.text))]
     description = sweep.description.strip()
     title = f"Comparison: {sweep.path.name}"
-    intro = [description, LEGEND] if description else [LEGEND]
+    intro = [description, legend()] if description else [legend()]
     if links["pages"]:
         intro.append(pages.fragment("See also: {}", pages.join(
             pages.join([pages.link(h, t), " "]) for t, h in links["pages"])))

@@ -12,13 +12,12 @@ written as a flag, how one combination is resolved and validated) sits in one se
 
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sae.cli import UsageError, check_mapping, load_yaml, resolve_settings, shown, to_argv
-from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES
+from sae.cli import UsageError, check_mapping, load_yaml, run_config, shown, to_argv
+from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES, RunConfig
 
 __all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
            "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
@@ -77,7 +76,12 @@ class Run:
     value: float
     seed: int
     argv: list[str]  # sae.run flags, --out excluded
-    settings: dict = field(repr=False)  # the resolved sae.run settings
+    config: RunConfig = field(repr=False)  # the resolved sae.run settings
+
+    @property
+    def settings(self) -> dict:
+        """The resolved settings, flat (``{field name: value}``, as a config.yaml holds them)."""
+        return self.config.settings()
 
     @property
     def rel(self) -> Path:
@@ -89,18 +93,13 @@ class Run:
 # --------------------------------------------------------------------------- sae.run's settings
 
 
-def resolve_run(argv: list[str]) -> argparse.Namespace:
+def resolve_run(argv: list[str]) -> RunConfig:
     """sae.run's resolved settings for ``argv`` (no --out), checked as sae.run checks them.
 
     Raises:
         UsageError: a value sae.run would refuse.
     """
-    from sae.run import check_settings, model_config
-
-    args = resolve_settings([*argv, "--out", "."])
-    model_config(args)
-    check_settings(args)
-    return args
+    return run_config([*argv, "--out", "."])
 
 
 # --------------------------------------------------------------------------- the sweep file
@@ -241,13 +240,13 @@ def plan(sweep: Sweep) -> list[Run]:
                         images = [] if data else ["--dataset", dataset]
                         argv = ["--model", entry.kind, *images, "--seed", str(seed),
                                 *to_argv(settings)]
-                        args = resolve_run(argv)
+                        config = resolve_run(argv)
                     except UsageError as e:
                         raise UsageError(f"{where}: {e}") from None
                     param = grid_key(entry.kind)
                     runs.append(Run(dataset, entry.name, entry.kind, param,
-                                    args.lam if param == "lambda" else args.k, seed, argv,
-                                    vars(args)))
+                                    config.sae.lam if param == "lambda" else config.sae.k, seed,
+                                    argv, config))
     paths = [r.rel for r in runs]
     if len(set(paths)) != len(paths):
         raise UsageError(f"{sweep.path}: two combinations share a run folder")

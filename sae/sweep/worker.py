@@ -108,7 +108,7 @@ def main() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     # until the first job, and between jobs, output goes where stderr went
     os.dup2(2, 1)
-    from sae.run import stop_with_parent
+    from sae.process import stop_with_parent
 
     stop_with_parent()  # stop (SIGTERM) when the sweep dies, even by kill -9
     import torch
