@@ -40,8 +40,10 @@ class FigureCallback(L.Callback):
     """
 
     def __init__(self, out_dir: str | Path, every_n_epochs: int = 0,
-                 class_names: list[str] | None = None, n_atoms: int = 64, n_examples: int = 16):
+                 class_names: list[str] | None = None, n_atoms: int = 64, n_examples: int = 16,
+                 images: bool = True):
         self.out_dir = Path(out_dir)
+        self.images = images  # inputs are 28x28 images (else rows of activations)
         self.every_n_epochs = every_n_epochs
         self.class_names = class_names or [str(i) for i in range(10)]
         self.n_atoms, self.n_examples = n_atoms, n_examples
@@ -115,19 +117,21 @@ class FigureCallback(L.Callback):
     def render(self, trainer) -> list[Path]:
         """Plot the last statistics; write PNGs and send them to TensorBoard."""
         paths = render_figures(self.stats, self.out_dir, self.label, self.class_names,
-                               self.n_atoms, _tensorboards(trainer))
+                               self.n_atoms, _tensorboards(trainer), images=self.images)
         self.rendered_epochs.add(self.stats["epoch"])
         return paths
 
 
 def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str],
-                   n_atoms: int = 64, tensorboards=()) -> list[Path]:
+                   n_atoms: int = 64, tensorboards=(), images: bool = True) -> list[Path]:
     """Plot a run's statistics (as :class:`FigureCallback` gathers them) to
     ``<out_dir>/<kind>/epoch_<E>.png``, and to each TensorBoard logger given.
 
     Every figure's title starts with the run's dataset, model and sparsity setting
     (:func:`run_label`) and the data it was drawn from (the validation set, while the run's
-    metrics are the test set's), so a PNG shown alone (the gallery) says what it is.
+    metrics are the test set's), so a PNG shown alone (the gallery) says what it is. Without
+    ``images`` (activations of any D) the reconstructions, drawn as 28x28 pixels, are left out;
+    the atoms are drawn as heatmaps of their D values.
     """
     s = stats
     n_shown = len(s["x"])
@@ -141,6 +145,8 @@ def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str
         "class_unit_heatmap": figures.class_unit_heatmap(s["class_freq"], class_names),
         "feature_density": figures.feature_density_histogram(s["freq"]),
     }
+    if not images:
+        del made["reconstructions"]
     paths = []
     for kind, fig in made.items():
         fig.suptitle(f"{header}\n{fig.get_suptitle()}")
@@ -184,15 +190,13 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     from sae.cli import defaults, read_settings_file
     from sae.config import SAEConfig
     from sae.convergence import read_validation
-    from sae.data import ImageDataModule
+    from sae.matrixdata import data_module
 
     run_dir = Path(run_dir)
     settings = {**defaults(), **read_settings_file(run_dir / "config.yaml")}
     state = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     model = model_from_checkpoint(state)
-    dm = ImageDataModule(settings["dataset"], settings.get("data_dir"),
-                         val_size=settings["val_size"], limit_train=settings.get("limit_train"),
-                         limit_test=settings.get("limit_test"))
+    dm = data_module(settings)
     dm.setup()
     # named after the last validated epoch, as the callback would have named them
     validated = read_validation(run_dir / "metrics.csv")
@@ -200,8 +204,8 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     stats = validation_stats(model, dm.val_x, dm.val_y, len(dm.class_names), epoch=epoch,
                              step=int(state.get("global_step", 0)))
     config = SAEConfig.from_dict(state["hyper_parameters"]["config"])
-    return render_figures(stats, run_dir / "figures", run_label(config, settings["dataset"]),
-                          dm.class_names)
+    return render_figures(stats, run_dir / "figures", run_label(config, dm.dataset),
+                          dm.class_names, images=not settings.get("data"))
 
 
 class ProgressBar(TQDMProgressBar):

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import yaml
 
-from sae.config import FIXED_BUDGET, SECTIONS, RunConfig, RunFolderConfig
+from sae.config import FIXED_BUDGET, SECTIONS, RunConfig, RunFolderConfig, SAEConfig
 from sae.io import write_text
 from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
 
 __all__ = ["LAUNCHER_ENV", "SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser",
-           "check_fields", "check_mapping", "check_run", "config_file_dict", "load_yaml",
-           "parse_yaml", "path_arg", "read_settings_file", "resolve_settings", "run_config",
-           "shown", "to_argv", "unused_flags", "write_config"]
+           "check_fields", "check_mapping", "check_model", "check_run", "config_file_dict",
+           "load_yaml", "parse_yaml", "path_arg", "read_settings_file", "resolve_settings",
+           "run_config", "shown", "to_argv", "unused_flags", "write_config"]
 
 
 def _settings() -> dict[str, Setting]:
@@ -312,7 +312,7 @@ def defaults() -> dict:
     return {name: s.default for name, s in SETTINGS.items()}
 
 
-PATH_SETTINGS = ("out", "resume", "config", "data_dir")
+PATH_SETTINGS = ("out", "resume", "config", "data_dir", "data")
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: the limits of Linux and macOS file systems
 
 
@@ -331,6 +331,11 @@ def _check_paths(settings: dict) -> None:
     for name in PATH_SETTINGS:
         if isinstance(settings.get(name), str):
             check_path_names(SETTINGS[name].flag, settings[name])
+
+
+def _data_label(settings: dict) -> str:
+    """What a default run folder is named after: the --data file's stem, else the dataset."""
+    return Path(settings["data"]).stem if settings.get("data") else settings["dataset"]
 
 
 def resolve_settings(argv: list[str]) -> argparse.Namespace:
@@ -360,7 +365,7 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
     settings.update(explicit)
     if settings.get("out") is None:
         settings["out"] = os.environ.get(RUN_DIR_ENV) or str(
-            Path("runs") / f"{settings['dataset']}-{settings['model']}-"
+            Path("runs") / f"{_data_label(settings)}-{settings['model']}-"
             f"{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     _check_paths(settings)  # data_dir may come from a file
     return argparse.Namespace(**settings)
@@ -368,17 +373,21 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
 
 def unused_flags(argv: list[str], config: RunConfig) -> list[str]:
     """A note for each flag given on the command line that the chosen model does not use:
-    --lambda with a fixed-budget model (topk, batchtopk), --k with a penalty (λ) model."""
+    --lambda with a fixed-budget model (topk, batchtopk), --k with a penalty (λ) model,
+    --dataset beside --data."""
     explicit = vars(build_parser(suppress=True).parse_args(argv))
     sae = config.sae
     fixed = sae.model in FIXED_BUDGET
+    data = config.data.data
+    notes = [f"note: --dataset is ignored: the run trains on --data {data}"] \
+        if "dataset" in explicit and data else []
     if "lam" in explicit and fixed:
-        return [f"note: --lambda is ignored by --model {sae.model}: its sparsity is --k "
-                f"{sae.k}"]
+        notes.append(f"note: --lambda is ignored by --model {sae.model}: its sparsity is --k "
+                     f"{sae.k}")
     if "k" in explicit and not fixed:
-        return [f"note: --k is ignored by --model {sae.model}: its sparsity is --lambda "
-                f"{sae.lam:g}"]
-    return []
+        notes.append(f"note: --k is ignored by --model {sae.model}: its sparsity is --lambda "
+                     f"{sae.lam:g}")
+    return notes
 
 
 def run_dir_of_checkpoint(ckpt: Path) -> str | None:
@@ -404,12 +413,17 @@ def run_config(argv: list[str]) -> RunConfig:
     """The run's settings for ``argv`` (:func:`resolve_settings`), typed and checked: the model's
     values (:meth:`sae.config.SAEConfig.validate`) and the run's (:func:`check_run`)."""
     config = RunConfig.from_settings(vars(resolve_settings(argv)))
-    try:
-        config.sae.validate()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    check_model(config.sae)
     check_run(config)
     return config
+
+
+def check_model(sae: SAEConfig) -> None:
+    """The model's values (:meth:`sae.config.SAEConfig.validate`) as a :class:`UsageError`."""
+    try:
+        sae.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def check_run(config: RunConfig) -> None:

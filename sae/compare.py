@@ -30,7 +30,11 @@ Settings are ``sae.run`` flag names without the dashes (``max_steps`` or ``max-s
 for ``--lambda``); ``true``/``false`` turn switches such as ``no_figures`` on or off, ``null`` means
 sae.run's default. ``dataset``, ``seed`` and ``model`` come from the sweep's structure, and
 ``out``, ``resume``, ``overwrite`` and ``config`` belong to the runner, so none of them may appear
-in ``common``. Only the grid key takes a list (``devices`` may be a list of GPU ids); a missing
+in ``common``. Activations instead of images: ``data: FILE`` (a ``.npy`` matrix or a ``.json``
+manifest, as ``sae.run --data``) in ``common`` (then without ``datasets``) or in a model's entry;
+such runs are named, in folders and tables, after the manifest's name or the file's stem, and a
+sweep whose started runs trained on other bytes than the file holds now is refused. Only the grid
+key takes a list (``devices`` may be a list of GPU ids); a missing
 grid key gives one run at the value of ``common`` or sae.run's default. Every combination is
 checked with sae.run's own parser before anything starts; bad input is one ``error:`` line on
 stderr and exit code 2.
@@ -106,6 +110,7 @@ from sae.process import (
     stop_code,
     stop_word,
 )
+from sae.rundata import check_sweep_data
 from sae.sweep.launch import (
     check_folders,
     lock,
@@ -229,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus = visible_gpus() if any(uses_gpu(r) for r in runs) else []
         check_sweep_dir(args.out)
         check_folders(args.out, runs, args.jobs, gpus)
+        check_sweep_data(args.out, runs)  # every data file, and the one each run trained on
         if args.publish is not None:
             check_publish_dir(args.publish)
         if args.dry_run:

@@ -190,9 +190,13 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    """Which images a run trains and is tested on."""
+    """Which images (or activations) a run trains and is tested on."""
 
-    dataset: str = setting("mnist", "image dataset", choices=DATASETS)
+    dataset: str = setting("mnist", "image dataset (when no --data is given)", choices=DATASETS)
+    data: str | None = setting(None, "activations to train on instead of images: an (N, D) "
+                               ".npy matrix or a .json manifest of splits, labels and how to "
+                               "show each row (see README, \"Your own activations\")",
+                               nullable=True)
     data_dir: str | None = setting(None, "folder with the IDX files (default: $SAE_DATA_DIR, "
                                    "torchvision's cache, then download)", nullable=True)
     val_size: int = setting(5000, "validation images carved from train (fixed split seed)",

@@ -271,10 +271,14 @@ class EpochShuffle(Sampler):
     def __len__(self) -> int:
         return self.n
 
+    def order(self, g: torch.Generator) -> list[int]:
+        """The epoch's order of the n rows, drawn from ``g`` (seeded from (seed, epoch))."""
+        return torch.randperm(self.n, generator=g).tolist()
+
     def __iter__(self):
         state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
         g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-        order = torch.randperm(self.n, generator=g).tolist()
+        order = self.order(g)
         start, self._skip = min(self._skip, self.n), 0
         self.served = start
         for index in order[start:]:
@@ -299,7 +303,30 @@ def keep_batch(batch):
     return batch
 
 
-class ImageDataModule(L.LightningDataModule):
+class IndexedLoaders:
+    """The three loaders of a data module with ``train_x`` / ``train_y`` (and val, test),
+    ``batch_size`` and ``shuffle_seed``: batches by index, the training order by
+    :meth:`sampler`."""
+
+    def sampler(self, n: int) -> EpochShuffle:
+        return EpochShuffle(n, self.shuffle_seed)
+
+    def _loader(self, x, y: torch.Tensor, shuffle: bool) -> DataLoader:
+        sampler = self.sampler(len(x)) if shuffle else None
+        return DataLoader(IndexedTensors(x, y), batch_size=self.batch_size, sampler=sampler,
+                          collate_fn=keep_batch, num_workers=0, drop_last=False)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_x, self.train_y, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_x, self.val_y, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_x, self.test_y, shuffle=False)
+
+
+class ImageDataModule(IndexedLoaders, L.LightningDataModule):
     """Train / validation / test splits of MNIST or Fashion-MNIST as flat float tensors.
 
     The validation split is carved from the training set with a fixed seed (``split_seed``), so
@@ -365,16 +392,3 @@ class ImageDataModule(L.LightningDataModule):
         """Mean training image [784]: the decoder-bias init and the x̄ of fvu."""
         return self.train_x.mean(0)
 
-    def _loader(self, x: torch.Tensor, y: torch.Tensor, shuffle: bool) -> DataLoader:
-        sampler = EpochShuffle(len(x), self.shuffle_seed) if shuffle else None
-        return DataLoader(IndexedTensors(x, y), batch_size=self.batch_size, sampler=sampler,
-                          collate_fn=keep_batch, num_workers=0, drop_last=False)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_x, self.train_y, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_x, self.val_y, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_x, self.test_y, shuffle=False)

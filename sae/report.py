@@ -385,6 +385,11 @@ def _figures_section(run_dir: Path, config: dict[str, object]):
                             f"Drawn during training from the validation set{n}, a part of "
                             "the training split held out; the metrics above are on the test "
                             "set. The code embedding is of test inputs.")]
+    if config.get("data"):
+        parts.append(pages.fragment('<p class="sub">{}</p>', (
+            f"Trained on activations ({config['data']}), not images: the decoder atoms are "
+            "heatmaps of their values in the data's own space (a square or a strip), and the "
+            "reconstructions figure, which draws 28x28 images, is not drawn.")))
     for kind, epoch, path in latest:
         heading, caption = _KIND_TEXT.get(kind, (kind.replace("_", " ").capitalize(), ""))
         try:
@@ -417,7 +422,7 @@ def render_report(run_dir: Path, resume_command: str | None = None) -> str:
     config, config_problem = _read_config(run_dir / "config.yaml")
     metrics, metrics_problem = _read_metrics(run_dir / "metrics.json")
     model = _lookup(config, ("model", "model.name", "model.type", "model.kind"))
-    dataset = _lookup(config, ("dataset", "data.dataset", "data.name", "dataset.name"))
+    dataset = _lookup(config, ("data", "dataset", "data.dataset", "data.name", "dataset.name"))
     name = _lookup(config, ("name", "run_name")) or run_dir.resolve().name
     subtitle = " on ".join(part for part in (model, dataset) if part) or "model not recorded"
     status = ("complete: final test metrics present" if not metrics_problem

@@ -1,10 +1,12 @@
 """python -m sae.run: train one SAE and write its run folder.
 
     python -m sae.run --model sparsemax --lambda 0.01
+    python -m sae.run --data acts.npy --model sparsemax --lambda 0.01   (activations, sae.matrix)
 
 Run folder::
 
     config.yaml          resolved settings (re-usable with --config)
+    data.json            with --data: each matrix's path, shape, dtype and SHA-256 (sae.rundata)
     metrics.csv          per-step training and per-epoch validation metrics (all sessions)
     logs/session_<n>/    each session's own metrics.csv (the first run, then each --resume)
     metrics.json         final test-set metrics (written when training completes)
@@ -29,7 +31,14 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from sae.cli import UsageError, build_parser, run_config, unused_flags, write_config
+from sae.cli import (
+    UsageError,
+    build_parser,
+    check_model,
+    run_config,
+    unused_flags,
+    write_config,
+)
 from sae.config import RunConfig
 from sae.metric_defs import summary_line
 from sae.process import (
@@ -84,10 +93,21 @@ def _signals_held():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
-def _checked(argv: list[str]) -> RunConfig:
+def _checked(argv: list[str]) -> tuple[RunConfig, dict | None]:
+    """The run's checked settings and, with --data, the record of its data (read and checked
+    in full, on resume compared with the run's), all before the run folder is touched."""
+    from sae.rundata import check_data
+
     config = run_config(argv)
     check_devices(config)
-    return config
+    if not config.data.data:
+        check_data(config)  # a resumed --data run needs its data
+        return config, None
+    with _signals_held():  # imports numpy (and, for image rows, torch)
+        record = check_data(config)
+    config.sae.input_dim = int(record["train"]["shape"][1])
+    check_model(config.sae)
+    return config, record
 
 
 def _import_training() -> None:
@@ -103,12 +123,14 @@ def _import_training() -> None:
     import sae.training  # noqa: F401
 
 
-def _start(config: RunConfig, out: Path, primary: bool) -> bool:
-    """Claim the run folder and write its settings; returns whether the folder was made now.
+def _start(config: RunConfig, record: dict | None, out: Path, primary: bool) -> bool:
+    """Claim the run folder and write its settings (and ``record``, the data's, when given);
+    returns whether the folder was made now.
     A failure undoes what it made and raises (UsageError, OSError)."""
     if not primary:
         return False
     from sae import runfolder
+    from sae.rundata import write_record
 
     folder = config.folder
     mode = "resume" if folder.resume is not None else "overwrite" if folder.overwrite else "new"
@@ -116,6 +138,8 @@ def _start(config: RunConfig, out: Path, primary: bool) -> bool:
     if folder.resume is None:
         try:
             write_config(config, out / "config.yaml")
+            if record is not None:
+                write_record(out, record)
         except OSError:
             runfolder.remove_unfinished(out, created)
             raise
@@ -133,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
-        config = _checked(argv)
+        config, record = _checked(argv)
     except UsageError as e:
         say(f"error: {e}")
         return EXIT_USAGE
@@ -145,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     resuming = config.folder.resume is not None
     try:
         with _signals_held():
-            created = _start(config, out, primary)
+            created = _start(config, record, out, primary)
             claimed = True
             if primary:  # within a second of the command: torch is not imported yet
                 print(f"run folder: {out}" + (" (resuming)" if resuming else ""), flush=True)

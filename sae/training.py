@@ -158,6 +158,7 @@ def train(config: RunConfig) -> dict:
 
     from sae import runfolder
     from sae.callbacks import EpochSeed, StopOnSignal, StopRequested
+    from sae.matrixdata import train_moments
     from sae.models import build_model, training_callbacks
 
     out, sae, seed = Path(config.folder.out), config.sae, config.train.seed
@@ -170,8 +171,7 @@ def train(config: RunConfig) -> dict:
     ckpt, state, start_step, legacy_seconds = checked_resume(config)
 
     dm = load_data(config)
-    mean = dm.train_mean
-    data_var = float((dm.train_x - mean).pow(2).sum(-1).mean())
+    mean, data_var = train_moments(dm)
     init_inputs = None
     if sae.resolved_init() == "data":  # seeded: the same images for the same --seed
         pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(seed))
@@ -201,7 +201,8 @@ def train(config: RunConfig) -> dict:
         from sae.callbacks import FigureCallback
 
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
-                                        class_names=dm.class_names))
+                                        class_names=dm.class_names,
+                                        images=not config.data.data))
     callbacks.append(stop)  # last: a step's end includes the other callbacks' work
     loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
     steps_per_epoch = math.ceil(len(dm.train_x) / config.train.batch_size)
@@ -258,18 +259,22 @@ def checked_resume(config: RunConfig):
 
 def load_data(config: RunConfig):
     """The run's data module, loaded and checked (at least 2 images, not all the same)."""
-    from sae.data import DataSourceError, ImageDataModule
+    from sae.data import DataSourceError
+    from sae.matrix import MatrixError
+    from sae.matrixdata import data_module, train_moments
 
-    data = config.data
-    dm = ImageDataModule(data.dataset, data.data_dir, config.train.batch_size, data.val_size,
-                         limit_train=data.limit_train, limit_test=data.limit_test,
-                         shuffle_seed=config.train.seed)
-    dm.load()
+    dm = data_module(config.settings(), batch_size=config.train.batch_size,
+                     shuffle_seed=config.train.seed)
+    what = "rows" if config.data.data else "images"
+    try:
+        dm.load()
+    except MatrixError as e:
+        raise DataSourceError(str(e)) from None
     if len(dm.train_x) < 2:
-        raise DataSourceError(f"training needs at least 2 images, got {len(dm.train_x)} "
+        raise DataSourceError(f"training needs at least 2 {what}, got {len(dm.train_x)} "
                               "(--limit-train)")
-    if not float((dm.train_x - dm.train_mean).pow(2).sum(-1).mean()) > 0:
-        raise DataSourceError("the training images are all the same: their variance is 0")
+    if not train_moments(dm)[1] > 0:
+        raise DataSourceError(f"the training {what} are all the same: their variance is 0")
     return dm
 
 
@@ -301,7 +306,7 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:
         result.update(last_epoch_change(read_validation(out / "metrics.csv")))
         result.update(wall_time_s=wall, steps=int(trainer.global_step),
                       epochs=int(trainer.current_epoch), model=sae.model, lam=sae.lam,
-                      dataset=config.data.dataset, seed=training.seed, hidden=sae.hidden,
+                      dataset=dm.dataset, seed=training.seed, hidden=sae.hidden,
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
         write_json(out / "metrics.json", result)
         params = {**asdict(sae), "dataset": config.data.dataset, "seed": training.seed,
@@ -316,7 +321,7 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:
         from sae.features.build import write_features
 
         with status("feature browser"):  # from the model, data and codes in memory
-            write_features(out, model, dm, test_codes=codes)
+            write_features(out, model, dm, test_codes=codes, data_dir=config.data.data_dir)
     if not config.output.no_report:
         from sae.report import write_report
 

@@ -377,10 +377,17 @@ def test_page_draws_attributions_histogram_axes_nearest_units_and_the_report_lin
     assert 'id="report-link"' not in render_features_page(s, images, "attr")
 
 
-def test_page_rejects_images_that_do_not_match_the_atoms(page_parts):
+def test_atoms_of_another_size_than_the_images_get_their_own_grid(page_parts):
+    """Activations shown by their source images: the atoms (D = 64 here) are drawn on their
+    own grid; attributions, which are per pixel, would not match and are refused."""
     s, images, _, _ = page_parts
+    page = render_features_page(s, images[:, :4, :5], "x")
+    atom_rule = re.search(r"\.sa\{width:(\d+)px;height:(\d+)px", page)
+    assert atom_rule and (int(atom_rule[1]), int(atom_rule[2])) == (8 * 3, 8 * 3)
+    assert re.search(r"\.t i\{width:10px;height:8px", page)  # the 4x5 inputs at 2x
+    with_attributions = dict(s, top_attribution=np.zeros((7, 12, 64), np.int8))
     with pytest.raises(ValueError):
-        render_features_page(s, images[:, :4, :4], "x")
+        render_features_page(with_attributions, images[:, :4, :4], "x")
 
 
 # --------------------------------------------------------------------------- embedding

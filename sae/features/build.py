@@ -67,6 +67,9 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
         max_inputs: use only the first this many test inputs (after ``limit_test``).
         out: where to write the page instead of ``<run_dir>/features.html``.
 
+    A run on activations (``--data``) shows, per unit, the inputs its rows came from: images or
+    texts (:mod:`sae.features.inputs`); its atoms are drawn in the data's own space.
+
     Raises:
         RunFolderError: not a run folder, or no readable checkpoint.
         sae.data.DataSourceError: the data cannot be found.
@@ -75,77 +78,76 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     config, ckpt = checked_run(run_dir)
 
     from sae.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
-    from sae.cli import defaults
-    from sae.data import ImageDataModule
+    from sae.features.inputs import run_data_module
+    from sae.matrix import MatrixError
 
-    settings = {**defaults(), **config}
-    dm = ImageDataModule(str(settings["dataset"]),
-                         data_dir if data_dir is not None else settings.get("data_dir"),
-                         val_size=settings["val_size"], limit_train=settings.get("limit_train"),
-                         limit_test=settings.get("limit_test"))
-    dm.load()
+    try:
+        dm = run_data_module(config, data_dir)
+    except MatrixError as exc:
+        raise RunFolderError(str(exc)) from None
     try:
         model = model_from_checkpoint(read_checkpoint(ckpt))
     except (CheckpointError, OSError, RuntimeError, KeyError, ValueError) as exc:
         raise RunFolderError(f"cannot load {ckpt}: {exc}") from None
-    return write_features(run_dir, model, dm, max_inputs=max_inputs, out=out)
+    return write_features(run_dir, model, dm, max_inputs=max_inputs, out=out,
+                          data_dir=data_dir if data_dir is not None else config.get("data_dir"))
 
 
 def write_features(run_dir: Path, model, dm, test_codes=None, max_inputs: int | None = None,
-                   out: str | Path | None = None) -> Path:
+                   out: str | Path | None = None, data_dir=None) -> Path:
     """Write the feature browser of ``model`` (a trained SAE) on the loaded data module ``dm``
     into run folder ``run_dir``; returns the page's path.
 
     Encodes the test split (unless its codes ``test_codes`` [N, H] are given: a run at its end
     has them), computes :func:`feature_stats` with the model's ``fire_threshold`` (and, for the
-    one-layer SAE, its encoder rows for the attributions), fits the probe of
+    one-layer SAE on pixels, its encoder rows for the attributions), fits the probe of
     :func:`probe_weights` on the codes of the first :data:`PROBE_TRAIN_INPUTS` inputs of the
-    training split and scores it on the test codes, saves the code embedding beside the same
-    inputs' pixel embedding as ``figures/code_embedding/test_set.png`` (its own name: drawn from
-    the test set after training, not at a validation epoch) and writes the page atomically,
-    linking the run's ``report.html`` by a relative path.
+    training split and scores it on the test codes (not without labels), saves the code
+    embedding (beside the same inputs' pixel embedding for an image run) as
+    ``figures/code_embedding/test_set.png`` (its own name: drawn from the test set after
+    training, not at a validation epoch) and writes the page atomically, linking the run's
+    ``report.html`` by a relative path. A run on activations shows, per input, the image or
+    text its row came from (:func:`sae.features.inputs.module_inputs`; ``data_dir`` finds the
+    source images).
     """
     from sae.callbacks import run_label
+    from sae.features.inputs import module_inputs
     from sae.figures import save_png
     from sae.figures.embedding import embedding_figure
     from sae.models import encode_codes
 
-    dataset, class_names = dm.dataset, dm.class_names
-    x, labels = dm.test_x, dm.test_y.numpy()
-    if test_codes is None:
-        test_codes = encode_codes(model, x)
-    if max_inputs:
-        x, labels, test_codes = x[:max_inputs], labels[:max_inputs], test_codes[:max_inputs]
+    inputs = module_inputs(dm, data_dir, max_inputs)
+    dataset, class_names, x, labels = inputs.dataset, inputs.class_names, inputs.x, inputs.labels
+    test_codes = encode_codes(model, x) if test_codes is None else test_codes[:len(x)]
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= len(class_names)):
         raise RunFolderError(f"the {dataset} test labels hold values outside 0-"
                              f"{len(class_names) - 1}; the data files are damaged")
-    codes, pixels = test_codes.numpy(), x.numpy()
-    linear = model.config.arch == "linear"  # else the encoder does not act on pixels
-    stats = feature_stats(codes, labels, pixels, model.atoms().cpu().numpy(),
+    codes, rows = test_codes.numpy(), x.numpy()
+    # attributions are per pixel: only for a one-layer SAE on the pixels themselves
+    linear = model.config.arch == "linear" and inputs.pixels
+    stats = feature_stats(codes, labels, rows, model.atoms().cpu().numpy(),
                           model.fire_threshold, n_classes=len(class_names),
                           encoder=model.W_enc.detach().cpu().numpy() if linear else None,
                           centre=model.b_dec.detach().cpu().numpy() if linear else None)
-    train_codes = encode_codes(model, dm.train_x[:PROBE_TRAIN_INPUTS])
-    stats["probe_weight"], stats["probe_accuracy"] = probe_weights(
-        train_codes.numpy(), dm.train_y[:PROBE_TRAIN_INPUTS].numpy(), codes, labels,
-        len(class_names))
-    stats["probe_train_inputs"] = np.asarray(len(train_codes))
-    figure = embedding_figure(codes, labels, class_names, pixels=pixels)
+    if inputs.has_labels:  # no probe without labels (the page says so)
+        train_codes = encode_codes(model, dm.train_x[:PROBE_TRAIN_INPUTS])
+        stats["probe_weight"], stats["probe_accuracy"] = probe_weights(
+            train_codes.numpy(), dm.train_y[:PROBE_TRAIN_INPUTS].numpy(), codes, labels,
+            len(class_names))
+        stats["probe_train_inputs"] = np.asarray(len(train_codes))
+    figure = embedding_figure(codes, labels, class_names,
+                              pixels=rows if inputs.pixels else None)
     figure.suptitle(f"{run_label(model.config, dataset)}\n{figure.get_suptitle()}")
     png = save_png(figure, run_dir / EMBEDDING_PNG)
     name = run_dir.resolve().name
     subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
-                "checkpoint checkpoints/last.ckpt")
+                "checkpoint checkpoints/last.ckpt"
+                + ("" if inputs.has_labels else "; unlabelled data: no classes, no probe"))
     target = Path(out) if out is not None else run_dir / "features.html"
     report = run_dir / "report.html"
     href = Path(os.path.relpath(report.resolve(), target.resolve().parent)).as_posix()
-    images = pixels.reshape(len(pixels), *_image_shape(pixels.shape[1]))
-    page = render_features_page(stats, images, name, class_names, subtitle,
-                                embedding_png=png.read_bytes(), report=(href, report.is_file()))
+    page = render_features_page(stats, inputs.images, name, class_names, subtitle,
+                                embedding_png=png.read_bytes(), report=(href, report.is_file()),
+                                texts=inputs.texts)
     write_text(target, page)
     return target
-
-
-def _image_shape(d: int) -> tuple[int, int]:
-    side = int(round(d ** 0.5))
-    return (side, side) if side * side == d else (1, d)

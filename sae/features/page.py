@@ -201,10 +201,12 @@ class _Sprites:
         self.attributions: list[np.ndarray] = []
         self.per_unit = per_unit  # attribution tiles a unit may draw
         self.left = 0
+        self.texts: list[str] | None = None  # shown instead of image tiles, when given
 
     def tile(self, i: int, attribution: np.ndarray | None) -> dict:
         s = self.slot[i]
-        tile = {"x": s % _SPRITE_COLS, "y": s // _SPRITE_COLS, "ax": None, "ay": None}
+        tile = {"x": s % _SPRITE_COLS, "y": s // _SPRITE_COLS, "ax": None, "ay": None,
+                "text": self.texts[i] if self.texts is not None else None}
         if attribution is not None and self.left > 0:
             self.left -= 1
             a = len(self.attributions)
@@ -288,6 +290,17 @@ def _row(stats: dict[str, np.ndarray], j: int, names: Sequence[str]) -> dict:
             "cls_name": names[pref] if pref >= 0 else "–"}
 
 
+def _grid(atoms: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+    """``[H, D]`` atoms on a near-square grid (w = ⌈√D⌉ columns, values row by row, the last
+    row padded with zeros) for drawing."""
+    d = atoms.shape[1]
+    w = max(1, math.isqrt(d - 1) + 1) if d > 1 else 1
+    rows = math.ceil(d / w)
+    padded = np.zeros((len(atoms), rows * w), dtype=float)
+    padded[:, :d] = atoms
+    return padded, (rows, w)
+
+
 _COLUMNS = [("j", "unit"), ("freq", "frequency"), ("mean", "mean act."), ("max", "max act."),
             ("sel", "selectivity"), ("cls", "prefers"), ("st", "status")]
 
@@ -295,7 +308,8 @@ _COLUMNS = [("j", "unit"), ("freq", "frequency"), ("mean", "mean act."), ("max",
 def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title: str,
                          class_names: Sequence[str] | None = None, subtitle: str = "",
                          embedding_png: bytes | None = None,
-                         report: tuple[str, bool] | None = None) -> str:
+                         report: tuple[str, bool] | None = None,
+                         texts: Sequence[str] | None = None) -> str:
     """The complete, self-contained HTML text of a feature browser.
 
     Args:
@@ -310,18 +324,27 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
         embedding_png: a code-embedding figure shown at the end, if given.
         report: (relative href of the run's ``report.html``, whether it exists now), or None
             for no link.
+        texts: a text per input, shown instead of images (``images`` may then be None).
+
+    Atoms whose length is not the images' pixel count (activations of a network's layer, shown
+    by their source images) are drawn on their own grid, D values row by row.
 
     Raises:
         ValueError: images and atoms do not have the same number of pixels.
     """
+    atoms = np.asarray(stats["atoms"])
+    h = len(atoms)
+    if texts is not None:
+        images = np.zeros((1, 1, 1))
     images = np.asarray(images)
     if images.ndim != 3:
         raise ValueError(f"images must be [N, h, w], got shape {images.shape}")
     shape = (int(images.shape[1]), int(images.shape[2]))
-    atoms = np.asarray(stats["atoms"])
-    h = len(atoms)
+    atom_shape = shape
     if atoms.shape[1] != shape[0] * shape[1]:
-        raise ValueError(f"atoms have {atoms.shape[1]} pixels, images {shape[0]}x{shape[1]}")
+        if "top_attribution" in stats:
+            raise ValueError(f"atoms have {atoms.shape[1]} values, images {shape[0]}x{shape[1]}")
+        atoms, atom_shape = _grid(atoms)
     labels_needed = stats["class_rate"].shape[1]
     names = [str(s) for s in (class_names or [])]
     names += [str(c) for c in range(len(names), labels_needed)]
@@ -332,14 +355,17 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
     shown = stats["top_index"].shape[1] + stats["band_index"][0].size
     per_unit = min(shown, ATTRIBUTION_BUDGET // max(h, 1))
     sprites = _Sprites(stats, per_unit)
+    sprites.texts = None if texts is None else list(texts)
     units = [_unit(stats, j, sprites, names) for j in range(h)]
-    atom_png, atom_cols = _sprite_png(_atom_tiles(atoms, shape), _diverging_palette())
+    atom_png, atom_cols = _sprite_png(_atom_tiles(atoms, atom_shape), _diverging_palette())
+    scale = max(1, min(_SCALE_ATOM, 96 // max(atom_shape)))  # large grids drawn smaller
+    css = _sprite_css(".sa", atom_png, atom_cols, math.ceil(h / atom_cols), atom_shape, scale)
     used = sprites.used
-    input_png, input_cols = _sprite_png(_input_tiles(images[used] if len(used)
-                                                     else np.zeros((1, *shape))), _grey_palette())
-    css = (_sprite_css(".sa", atom_png, atom_cols, math.ceil(h / atom_cols), shape, _SCALE_ATOM)
-           + _sprite_css(".t i", input_png, input_cols, math.ceil(max(len(used), 1) / input_cols),
-                         shape, _SCALE_INPUT))
+    if texts is None:
+        input_png, input_cols = _sprite_png(_input_tiles(images[used] if len(used) else
+                                                         np.zeros((1, *shape))), _grey_palette())
+        css += _sprite_css(".t i", input_png, input_cols,
+                           math.ceil(max(len(used), 1) / input_cols), shape, _SCALE_INPUT)
     if sprites.attributions:
         tiles = _attribution_tiles(np.stack(sprites.attributions), shape)
         attr_png, attr_cols = _sprite_png(tiles, _diverging_palette(_ATTR_LEVELS))

@@ -32,7 +32,7 @@ __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current"
 
 ANALYSIS_VERSION = 3  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
 #                      3: the sparsemax-loss probe beside the softmax one
-SPLIT_KEYS = ("dataset", "val_size", "limit_train", "limit_test")  # settings naming a data split
+SPLIT_KEYS = ("dataset", "data", "val_size", "limit_train", "limit_test")  # naming a data split
 
 
 class DataCache:
@@ -42,14 +42,14 @@ class DataCache:
         self.keep, self.items = keep, {}
 
     def get(self, settings: dict):
-        """The set-up ``ImageDataModule`` of a run's settings (dataset, folder, split sizes)."""
-        from sae.data import ImageDataModule
+        """The set-up data module of a run's settings (dataset or data file, folder, split
+        sizes): ``sae.matrixdata.data_module``."""
+        from sae.matrixdata import data_module
 
-        key = tuple(settings.get(k) for k in ("dataset", "data_dir", "val_size", "limit_train",
-                                              "limit_test"))
+        key = tuple(settings.get(k) for k in ("dataset", "data", "data_dir", "val_size",
+                                              "limit_train", "limit_test"))
         if key not in self.items:
-            dm = ImageDataModule(key[0], key[1], val_size=key[2], limit_train=key[3],
-                                 limit_test=key[4])
+            dm = data_module(settings)
             dm.setup()
             self.items[key] = dm
             while len(self.items) > self.keep:
@@ -146,8 +146,7 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     model = model_from_checkpoint(state)
     dm = data.get(settings)
     train_codes, test_codes = encode_codes(model, dm.train_x), encode_codes(model, dm.test_x)
-    probes = metrics.linear_probes(train_codes, dm.train_y, test_codes, dm.test_y, seed=0)
-    probe, sparse_probe = probes["softmax"], probes["sparsemax"]
+    probe, sparse_probe = _probes(train_codes, dm, test_codes)
     test_l0 = metrics.l0(test_codes, model.fire_threshold).to(torch.int32).numpy()
     labels = dm.test_y.numpy()
     class_l0 = [float(test_l0[labels == c].mean()) if (labels == c).any() else None
@@ -171,15 +170,40 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
         "n_test": len(dm.test_x),
         **_dynamic(folder, model, dm, test_codes),
     }
+    if probe is _NoProbe:
+        result["probe_note"] = "the data have no labels: no probe was fitted"
     with atomic_file(folder / "test_l0.npy") as fh:
         np.save(fh, test_l0)
     write_json(folder / "analysis.json", result)
     return result
 
 
+class _NoProbe:
+    """The probe results of data without labels: none (null in the tables, said in a note)."""
+
+    test_accuracy = train_accuracy = n_iter = test_support = None
+
+
+def _probes(train_features, dm, test_features):
+    """(softmax, sparsemax) linear probes of features of the run's splits; none without labels."""
+    from sae import metrics
+
+    if not getattr(dm, "has_labels", True):
+        return _NoProbe, _NoProbe
+    probes = metrics.linear_probes(_tensor(train_features), dm.train_y,
+                                   _tensor(test_features), dm.test_y, seed=0)
+    return probes["softmax"], probes["sparsemax"]
+
+
+def _tensor(x):
+    """Rows as one tensor (a memory-mapped training split is read whole for the raw probe)."""
+    import torch
+
+    return x if isinstance(x, torch.Tensor) else x[:]
+
+
 def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
     """The raw-pixel probe of every dataset split in use, cached in raw_probe.json."""
-    from sae import metrics
 
     path = sweep_dir / "raw_probe.json"
     cached = read_json(path, list) or []  # missing or damaged: recomputed
@@ -192,8 +216,7 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
         dm = data.get(run.settings)
         shared = _shared_raw_probe(dm)
         if shared is None:
-            probes = metrics.linear_probes(dm.train_x, dm.train_y, dm.test_x, dm.test_y, seed=0)
-            probe, sparse_probe = probes["softmax"], probes["sparsemax"]
+            probe, sparse_probe = _probes(dm.train_x, dm, dm.test_x)
             shared = {"n_train": len(dm.train_x), "n_test": len(dm.test_x),
                       "test_accuracy": probe.test_accuracy,
                       "train_accuracy": probe.train_accuracy,

@@ -184,17 +184,27 @@ def load_sweep(path: str | Path) -> Sweep:
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
         raise UsageError(f"{path}: unknown key {shown(unknown[0])}; expected {', '.join(TOP_KEYS)}")
-    datasets = _top_list(data, "datasets", str, path)
-    for d in datasets:
-        if d not in DATASETS:
-            raise UsageError(f"{path}: unknown dataset {shown(d)}; choose from "
-                             f"{', '.join(DATASETS)}")
     seeds = _top_list(data, "seeds", int, path)
     common = _settings(data.get("common"), f"{path}: common")
     models = data.get("models")
     if not isinstance(models, dict) or not models:
         raise UsageError(f"{path}: `models` must map model names to their settings and grid")
     entries = tuple(_model_entry(name, entry, path) for name, entry in models.items())
+    # runs on activations (`data:` in common or a model) are named after their data; images
+    # runs need `datasets`
+    on_data = [bool(common.get("data") or e.settings.get("data")) for e in entries]
+    datasets: tuple[str, ...] = ()
+    if "datasets" in data or not all(on_data):
+        datasets = _top_list(data, "datasets", str, path)
+        for d in datasets:
+            if d not in DATASETS:
+                raise UsageError(f"{path}: unknown dataset {shown(d)}; choose from "
+                                 f"{', '.join(DATASETS)}")
+        if common.get("data"):
+            raise UsageError(f"{path}: `datasets` and common `data` exclude each other (the "
+                             "runs train on the data file)")
+    datasets += tuple(dict.fromkeys(_data_name(common.get("data") or e.settings["data"])
+                                    for e, d in zip(entries, on_data, strict=True) if d))
     probe_loss = data.get("probe_loss", "softmax")
     if probe_loss not in PROBE_LOSSES:
         raise UsageError(f"{path}: `probe_loss` must be one of {', '.join(PROBE_LOSSES)}, "
@@ -203,11 +213,21 @@ def load_sweep(path: str | Path) -> Sweep:
                  entries, probe_loss)
 
 
+def _data_name(path: str) -> str:
+    """The dataset name of runs on a data file: the manifest's name or the file's stem."""
+    from sae.matrixdata import data_name
+
+    return data_name(path)
+
+
 def plan(sweep: Sweep) -> list[Run]:
     """Every combination, checked with sae.run's own parser and model validation."""
     runs = []
     for dataset in sweep.datasets:
         for entry in sweep.models:
+            data = entry.settings.get("data") or sweep.common.get("data")
+            if (_data_name(data) != dataset) if data else (dataset not in DATASETS):
+                continue  # each model's runs: on its data, or on each image dataset
             where = f"{sweep.path}: models.{entry.name}"
             if entry.name != entry.kind:
                 where += f" ({entry.kind})"
@@ -217,7 +237,8 @@ def plan(sweep: Sweep) -> list[Run]:
                     if value is not None:
                         settings[_grid_dest(entry.kind)] = value
                     try:
-                        argv = ["--model", entry.kind, "--dataset", dataset, "--seed", str(seed),
+                        images = [] if data else ["--dataset", dataset]
+                        argv = ["--model", entry.kind, *images, "--seed", str(seed),
                                 *to_argv(settings)]
                         config = resolve_run(argv)
                     except UsageError as e:

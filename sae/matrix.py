@@ -1,0 +1,315 @@
+"""Any activation matrix as a dataset: a ``.npy`` file of N rows of D numbers, or a manifest.
+
+An SAE reads what a network represents from its activations, so the data need not be pixels.
+Two ways to name such data (``--data``):
+
+- a ``.npy`` file of shape (N, D), float16, float32 or float64: unlabelled rows, split into
+  train / validation / test with a fixed seed;
+- a manifest, a JSON file that names the files of each split and what comes with them::
+
+      {"format": "sae-activations/1",
+       "name": "MNIST, MLP hidden layer 1",
+       "train": {"x": "train.npy", "labels": "train_labels.npy", "rows": "train_rows.npy"},
+       "test":  {"x": "test.npy",  "labels": "test_labels.npy",  "rows": "test_rows.npy"},
+       "images": {"dataset": "mnist"},          (optional: rows index that dataset's images)
+       "class_names": ["0", "1", ...]}          (optional)
+
+  Paths are relative to the manifest's folder. ``labels`` is an (N,) integer ``.npy`` (for the
+  probes and the class figures), ``rows`` an (N,) integer ``.npy`` of the image each row came
+  from (row i of the train split came from image ``rows[i]`` of the dataset's training split),
+  and ``texts`` (instead of images) a UTF-8 file with one line per row, e.g. a token in its
+  context. ``test`` is optional: without it the test split is carved from ``train`` as the
+  validation split is. ``python -m sae.layer`` writes such a manifest for a trained
+  classifier's hidden layer.
+
+Matrices are opened memory-mapped (``numpy.load(mmap_mode="r")``, never with pickles): a file
+larger than memory is read a batch at a time. Everything is checked before any work, with a
+one-line :class:`MatrixError`: a missing file, a rank other than 2, a dtype that is not a real
+float, NaN or inf in any row (found by streaming through the file), labels or rows of the wrong
+length, differing D between splits. :func:`describe` gives what a run folder records (path,
+shape, dtype, SHA-256), so that a resume or a sweep can refuse a different file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["FORMAT", "MatrixData", "MatrixError", "MatrixSplit", "describe", "file_sha256",
+           "load_data", "open_matrix"]
+
+FORMAT = "sae-activations/1"
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+MANIFEST_LIMIT = 1 << 20  # bytes: a manifest names files; it holds no data
+TEXT_LIMIT = 1 << 30  # bytes: one line per row
+SCAN_BYTES = 64 << 20  # rows read at a time when scanning a matrix for NaN or inf
+
+
+class MatrixError(ValueError):
+    """The activation data cannot be used; the message says which file and why, in one line."""
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """Shape, dtype and Fortran order from a ``.npy`` header, without reading the data (or
+    unpickling anything: an object dtype is refused from the header alone)."""
+    from numpy.lib import format as npy
+
+    try:
+        with open(path, "rb") as f:
+            version = npy.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = npy.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = npy.read_array_header_2_0(f)
+            else:
+                raise MatrixError(f"{path}: unsupported .npy version {version}")
+    except FileNotFoundError:
+        raise MatrixError(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise MatrixError(f"{path} is a folder, not a .npy file") from None
+    except MatrixError:
+        raise
+    except (OSError, ValueError, SyntaxError, TypeError) as e:
+        raise MatrixError(f"{path} is not a readable .npy file ({str(e).splitlines()[0]})") \
+            from None
+    return tuple(shape), np.dtype(dtype), bool(fortran)
+
+
+def open_matrix(path: str | Path) -> np.ndarray:
+    """The (N, D) float matrix of a ``.npy`` file, memory-mapped read-only; checked from its
+    header (rank 2, N ≥ 2, D ≥ 1, a real float dtype) before it is mapped."""
+    path = Path(path)
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 2:
+        raise MatrixError(f"{path} holds an array of shape {shape}; an (N, D) matrix is needed "
+                          "(one row per input)")
+    if shape[0] < 2 or shape[1] < 1:
+        raise MatrixError(f"{path} holds {shape[0]} rows of {shape[1]} numbers; at least 2 rows "
+                          "of 1 are needed")
+    if dtype.type not in FLOAT_DTYPES:
+        raise MatrixError(f"{path} holds {dtype} values; float16, float32 or float64 are "
+                          "needed (convert with x.astype('float32'))")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:  # e.g. the file is shorter than its header promises
+        raise MatrixError(f"{path} cannot be mapped: {str(e).splitlines()[0]}") from None
+
+
+def first_nonfinite_row(x: np.ndarray) -> int | None:
+    """The first row holding NaN or ±inf, or None; reads the matrix in blocks of about
+    ``SCAN_BYTES``, so a memory-mapped file larger than memory is scanned, not loaded."""
+    step = max(1, SCAN_BYTES // max(1, x.shape[1] * x.itemsize))
+    for start in range(0, len(x), step):
+        block = np.asarray(x[start:start + step])
+        bad = ~np.isfinite(block).all(axis=1)
+        if bad.any():
+            return start + int(np.argmax(bad))
+    return None
+
+
+def _int_vector(path: Path, n: int, what: str, low: int = 0, high: int | None = None) -> np.ndarray:
+    """An (n,) integer ``.npy`` with values in [low, high), loaded (it is small)."""
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 1 or shape[0] != n:
+        raise MatrixError(f"{path}: {what} of shape {shape}; ({n},) needed, one per row")
+    if not np.issubdtype(dtype, np.integer):
+        raise MatrixError(f"{path}: {what} are {dtype}; integers are needed")
+    values = np.load(path, allow_pickle=False).astype(np.int64)
+    if n and (values.min() < low or (high is not None and values.max() >= high)):
+        bad = values.min() if values.min() < low else values.max()
+        bounds = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise MatrixError(f"{path}: {what} holds {int(bad)}; values {bounds} are needed")
+    return values
+
+
+def _texts(path: Path, n: int) -> list[str]:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise MatrixError(f"{path} does not exist") from None
+    if size > TEXT_LIMIT:
+        raise MatrixError(f"{path} holds {size >> 20} MiB of text; at most "
+                          f"{TEXT_LIMIT >> 20} MiB")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise MatrixError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) != n:
+        raise MatrixError(f"{path} holds {len(lines)} lines; {n} needed, one per row")
+    return lines
+
+
+@dataclass
+class MatrixSplit:
+    """One split: the matrix (memory-mapped), and per row its label, image index and text."""
+
+    x: np.ndarray
+    labels: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    texts: list[str] | None = None
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class MatrixData:
+    """Activation data as named by ``--data``: a train split, an optional test split (else
+    carved from train), and how to show a row to a person (``images``: a dataset name whose
+    images ``rows`` index; ``texts``: a line per row)."""
+
+    name: str
+    train: MatrixSplit
+    test: MatrixSplit | None
+    images: str | None = None
+    class_names: list[str] | None = None
+    source: Path | None = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.train.x.shape[1])
+
+    @property
+    def n_classes(self) -> int | None:
+        if self.train.labels is None:
+            return None
+        if self.class_names is not None:
+            return len(self.class_names)
+        labels = [s.labels for s in (self.train, self.test) if s is not None]
+        return int(max(int(v.max()) for v in labels)) + 1
+
+
+def _split(entry: object, folder: Path, name: str, images: str | None,
+           n_images: int | None) -> MatrixSplit:
+    if not isinstance(entry, dict) or not isinstance(entry.get("x"), str):
+        raise MatrixError(f"manifest: {name!r} must be an object with an \"x\" file name")
+    unknown = set(entry) - {"x", "labels", "rows", "texts"}
+    if unknown:
+        raise MatrixError(f"manifest: {name!r} has unknown keys {sorted(unknown)}; known: x, "
+                          "labels, rows, texts")
+    files = {}
+    for key in ("x", "labels", "rows", "texts"):
+        value = entry.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise MatrixError(f"manifest: {name}.{key} must be a file name")
+        files[key] = folder / value
+    x = open_matrix(files["x"])
+    n = len(x)
+    split = MatrixSplit(x=x, files=files)
+    if "labels" in files:
+        split.labels = _int_vector(files["labels"], n, "labels")
+    if "rows" in files:
+        if images is None:
+            raise MatrixError(f"manifest: {name}.rows needs \"images\" (the dataset they index)")
+        split.rows = _int_vector(files["rows"], n, "image rows", 0, n_images)
+    elif images is not None:
+        raise MatrixError(f"manifest: \"images\" is given but {name}.rows is not")
+    if "texts" in files:
+        split.texts = _texts(files["texts"], n)
+    return split
+
+
+def _image_count(dataset: str, split: str) -> int:
+    """How many images a dataset's split holds (read from the IDX files, as training will)."""
+    from sae.data import DataSourceError, load_arrays
+
+    try:
+        arrays = load_arrays(dataset)
+    except DataSourceError as e:
+        raise MatrixError(f"manifest: images of {dataset}: {e}") from None
+    return len(arrays.train_images if split == "train" else arrays.test_images)
+
+
+def _manifest(path: Path) -> MatrixData:
+    from sae.io import read_text
+
+    try:
+        spec = json.loads(read_text(path, limit=MANIFEST_LIMIT))
+    except FileNotFoundError:
+        raise MatrixError(f"{path} does not exist") from None
+    except (OSError, ValueError) as e:
+        raise MatrixError(f"{path} is not a readable JSON manifest ({str(e).splitlines()[0]})") \
+            from None
+    if not isinstance(spec, dict) or spec.get("format") != FORMAT:
+        raise MatrixError(f"{path}: a manifest is a JSON object with \"format\": \"{FORMAT}\"")
+    unknown = set(spec) - {"format", "name", "train", "test", "images", "class_names", "source"}
+    if unknown:
+        raise MatrixError(f"{path}: unknown keys {sorted(unknown)}")
+    images = spec.get("images")
+    if images is not None:
+        from sae.data import DATASETS
+
+        if not isinstance(images, dict) or images.get("dataset") not in DATASETS:
+            raise MatrixError(f"{path}: \"images\" must be {{\"dataset\": one of "
+                              f"{sorted(DATASETS)}}}")
+        images = images["dataset"]
+    folder = path.parent
+    count = (lambda split: _image_count(images, split)) if images else (lambda split: None)
+    train = _split(spec.get("train"), folder, "train", images, count("train"))
+    test = None
+    if spec.get("test") is not None:
+        test = _split(spec["test"], folder, "test", images, count("test"))
+        if test.x.shape[1] != train.x.shape[1]:
+            raise MatrixError(f"{path}: test rows have {test.x.shape[1]} numbers, train rows "
+                              f"{train.x.shape[1]}")
+        if (test.labels is None) != (train.labels is None):
+            raise MatrixError(f"{path}: labels must be given for both splits or neither")
+    names = spec.get("class_names")
+    if names is not None:
+        if not (isinstance(names, list) and names and all(isinstance(c, str) for c in names)):
+            raise MatrixError(f"{path}: \"class_names\" must be a list of strings")
+        top = max(int(s.labels.max()) for s in (train, test) if s is not None
+                  and s.labels is not None) if train.labels is not None else -1
+        if top >= len(names):
+            raise MatrixError(f"{path}: label {top} has no name in \"class_names\" "
+                              f"({len(names)} names)")
+    name = spec.get("name") if isinstance(spec.get("name"), str) else path.stem
+    return MatrixData(name=name, train=train, test=test, images=images, class_names=names,
+                      source=path)
+
+
+def load_data(path: str | Path, check_finite: bool = True) -> MatrixData:
+    """The activation data ``--data`` names (a ``.npy`` matrix or a ``.json`` manifest), every
+    file checked; NaN or inf anywhere is refused unless ``check_finite`` is off."""
+    path = Path(path).expanduser()
+    if path.suffix.lower() == ".json":
+        data = _manifest(path)
+    else:
+        data = MatrixData(name=path.stem, train=MatrixSplit(x=open_matrix(path),
+                                                            files={"x": path}),
+                          test=None, source=path)
+    if check_finite:
+        for split in (data.train, data.test):
+            if split is None:
+                continue
+            row = first_nonfinite_row(split.x)
+            if row is not None:
+                raise MatrixError(f"{split.files['x']}: row {row} holds NaN or inf")
+    return data
+
+
+def file_sha256(path: str | Path, block: int = 8 << 20) -> str:
+    """SHA-256 of a file's bytes, read in blocks (a large matrix is never held whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe(data: MatrixData) -> dict:
+    """What a run folder records of its data: for each split's matrix its path, shape, dtype
+    and SHA-256, so that a resume or a sweep can refuse a different file."""
+    out: dict = {"name": data.name, "source": str(data.source), "images": data.images}
+    for name, split in (("train", data.train), ("test", data.test)):
+        if split is None:
+            continue
+        out[name] = {"path": str(split.files["x"]), "shape": list(split.x.shape),
+                     "dtype": str(split.x.dtype), "sha256": file_sha256(split.files["x"])}
+    return out
