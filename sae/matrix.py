@@ -215,18 +215,32 @@ def _split(entry: object, folder: Path, name: str, images: str | None,
     return split
 
 
-def _image_count(dataset: str, split: str) -> int:
-    """How many images a dataset's split holds (read from the IDX files, as training will)."""
+def _image_count(dataset: str, split: str, data_dir: str | Path | None) -> int:
+    """How many images a dataset's split holds (read from the IDX files where training will
+    find them: ``data_dir``, else the usual sources of :func:`sae.data.load_arrays`)."""
     from sae.data import DataSourceError, load_arrays
 
     try:
-        arrays = load_arrays(dataset)
+        arrays = load_arrays(dataset, data_dir)
     except DataSourceError as e:
         raise MatrixError(f"manifest: images of {dataset}: {e}") from None
     return len(arrays.train_images if split == "train" else arrays.test_images)
 
 
-def _manifest(path: Path) -> MatrixData:
+def manifest_name(path: str | Path) -> str | None:
+    """A manifest's ``name`` (None when it has none or cannot be read): enough to name a run's
+    folder without checking the files it names."""
+    from sae.io import read_text
+
+    try:
+        spec = json.loads(read_text(Path(path).expanduser(), limit=MANIFEST_LIMIT))
+    except (OSError, ValueError):
+        return None
+    name = spec.get("name") if isinstance(spec, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
     from sae.io import read_text
 
     try:
@@ -250,7 +264,8 @@ def _manifest(path: Path) -> MatrixData:
                               f"{sorted(DATASETS)}}}")
         images = images["dataset"]
     folder = path.parent
-    count = (lambda split: _image_count(images, split)) if images else (lambda split: None)
+    count = (lambda split: _image_count(images, split, data_dir)) if images else \
+        (lambda split: None)
     train = _split(spec.get("train"), folder, "train", images, count("train"))
     test = None
     if spec.get("test") is not None:
@@ -274,12 +289,15 @@ def _manifest(path: Path) -> MatrixData:
                       source=path)
 
 
-def load_data(path: str | Path, check_finite: bool = True) -> MatrixData:
+def load_data(path: str | Path, check_finite: bool = True,
+              data_dir: str | Path | None = None) -> MatrixData:
     """The activation data ``--data`` names (a ``.npy`` matrix or a ``.json`` manifest), every
-    file checked; NaN or inf anywhere is refused unless ``check_finite`` is off."""
+    file checked; NaN or inf anywhere is refused unless ``check_finite`` is off. A manifest's
+    image rows are checked against the images found in ``data_dir`` (``--data-dir``), else
+    where :func:`sae.data.load_arrays` looks."""
     path = Path(path).expanduser()
     if path.suffix.lower() == ".json":
-        data = _manifest(path)
+        data = _manifest(path, data_dir)
     else:
         data = MatrixData(name=path.stem, train=MatrixSplit(x=open_matrix(path),
                                                             files={"x": path}),

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from sae.data import EpochShuffle, IndexedLoaders
-from sae.matrix import MatrixData, MatrixError, describe, load_data
+from sae.matrix import MatrixData, MatrixError, describe, load_data, manifest_name
 
 __all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "checked", "data_module",
            "data_name", "streamed_moments", "streamed_pca"]
@@ -64,18 +64,19 @@ def _files(data: MatrixData) -> list[Path]:
                             for f in s.files.values()]
 
 
-def checked(path: str | Path) -> tuple[MatrixData, dict]:
-    """The data ``--data`` names, every file checked (:func:`sae.matrix.load_data`), and its
-    record (:func:`sae.matrix.describe`: paths, shapes, dtypes, SHA-256); read once per process
-    while none of its files changes. Raises :class:`sae.matrix.MatrixError`."""
+def checked(path: str | Path, data_dir: str | Path | None = None) -> tuple[MatrixData, dict]:
+    """The data ``--data`` names, every file checked (:func:`sae.matrix.load_data`, its image
+    rows against the images in ``data_dir``), and its record (:func:`sae.matrix.describe`:
+    paths, shapes, dtypes, SHA-256); read once per process while none of its files changes.
+    Raises :class:`sae.matrix.MatrixError`."""
     path = Path(path).expanduser()
-    key = str(path)
+    key = (str(path), None if data_dir is None else str(data_dir))
     if key in _CHECKED:
         stamps, data, record = _CHECKED[key]
         if _stamps(_files(data)) == stamps:
             return data, record
     _CHECKED.clear()  # one data set at a time: each holds open maps of its files
-    data = load_data(path)
+    data = load_data(path, data_dir=data_dir)
     stamps = _stamps(_files(data))
     record = describe(data)
     _CHECKED[key] = (stamps, data, record)
@@ -90,10 +91,7 @@ def data_name(path: str | Path) -> str:
     path = Path(path)
     name = path.stem
     if path.suffix.lower() == ".json":
-        try:
-            name = checked(path)[0].name
-        except MatrixError:
-            pass
+        name = manifest_name(path) or name
     return re.sub(r"[^A-Za-z0-9_.]+", "-", name).strip("-")[:64] or "data"
 
 
@@ -192,9 +190,10 @@ class MatrixDataModule(IndexedLoaders, L.LightningDataModule):
 
     def __init__(self, path: str | Path, batch_size: int = 256, val_size: int = 5000,
                  split_seed: int = 0, limit_train: int | None = None,
-                 limit_test: int | None = None, shuffle_seed: int = 0, in_memory: bool = False):
+                 limit_test: int | None = None, shuffle_seed: int = 0, in_memory: bool = False,
+                 data_dir: str | Path | None = None):
         super().__init__()
-        self.path = Path(path)
+        self.path, self.data_dir = Path(path), data_dir
         self.batch_size, self.val_size, self.split_seed = batch_size, val_size, split_seed
         self.limit_train, self.limit_test = limit_train, limit_test
         self.shuffle_seed, self.in_memory = shuffle_seed, in_memory
@@ -206,7 +205,7 @@ class MatrixDataModule(IndexedLoaders, L.LightningDataModule):
         """Check and map the files once (idempotent); raises MatrixError."""
         if self._loaded:
             return
-        data, record = checked(self.path)
+        data, record = checked(self.path, self.data_dir)
         self.data, self.record = data, record
         self.dataset, self.images, self.has_labels = data.name, data.images, \
             data.train.labels is not None
@@ -305,7 +304,7 @@ def data_module(settings: dict, **extra):
     if get("data"):
         return MatrixDataModule(get("data"), val_size=get("val_size", 5000),
                                 limit_train=get("limit_train"), limit_test=get("limit_test"),
-                                **extra)
+                                data_dir=get("data_dir"), **extra)
     return ImageDataModule(get("dataset", "mnist"), get("data_dir"),
                            val_size=get("val_size", 5000), limit_train=get("limit_train"),
                            limit_test=get("limit_test"), **extra)

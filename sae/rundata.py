@@ -68,7 +68,7 @@ def check_data(config: RunConfig) -> dict | None:
     from sae.matrixdata import checked
 
     try:
-        _, record = checked(data)
+        _, record = checked(data, config.data.data_dir)
     except MatrixError as e:
         raise UsageError(f"--data: {e}") from None
     if resume is not None:
@@ -95,7 +95,7 @@ def check_sweep_data(sweep_dir: Path, runs) -> None:
             continue
         if data not in records:
             try:
-                records[data] = checked(data)[1]
+                records[data] = checked(data, run.settings.get("data_dir"))[1]
             except MatrixError as e:
                 raise UsageError(f"data of {run.model}: {e}") from None
         recorded = read_record(Path(sweep_dir) / run.rel)

@@ -309,7 +309,7 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:
                       dataset=dm.dataset, seed=training.seed, hidden=sae.hidden,
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
         write_json(out / "metrics.json", result)
-        params = {**asdict(sae), "dataset": config.data.dataset, "seed": training.seed,
+        params = {**asdict(sae), "dataset": dm.dataset, "seed": training.seed,
                   "epochs": training.epochs, "max_steps": training.max_steps,
                   "batch_size": training.batch_size}
         log_test_hparams(trainer.loggers, params, result, step=int(trainer.global_step))

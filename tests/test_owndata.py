@@ -204,10 +204,12 @@ def layer_run(tmp_path_factory, data_dir):
     assert made.returncode == 0, made.stderr
     manifest = json.loads((root / "layer" / "dataset.json").read_text())
     assert manifest["source"]["dim"] == 256 and manifest["images"] == {"dataset": "mnist"}
+    # the images the rows index are found through --data-dir alone (no $SAE_DATA_DIR): the
+    # manifest's check of the row indices looks where training does
     result = run_cli(["--data", root / "layer" / "dataset.json", "--model", "sparsemax",
                       "--lambda", "0.01", "--hidden", "32", "--max-steps", "60",
-                      "--val-size", "300", "--limit-test", "400", "--out", root / "run"],
-                     root, data_dir)
+                      "--val-size", "300", "--limit-test", "400", "--out", root / "run",
+                      "--data-dir", data_dir], root, "")
     assert result.returncode == 0, result.stderr
     return root / "run"
 
@@ -215,6 +217,8 @@ def layer_run(tmp_path_factory, data_dir):
 def test_a_classifier_layer_trains_an_sae_through_the_cli(layer_run):
     metrics = json.loads((layer_run / "metrics.json").read_text())
     assert metrics["dataset"] == "mnist mlp layer 2" and 0 <= metrics["fvu"] < 1
+    hparams = (layer_run / "tensorboard").rglob("events.out.tfevents.*")
+    assert any(b"mnist mlp layer 2" in p.read_bytes() for p in hparams)  # not "mnist"
     assert json.loads((layer_run / "data.json").read_text())["train"]["shape"] == [1500, 256]
     page = (layer_run / "features.html").read_text()
     assert "<q>" not in page  # the source images are shown, not texts

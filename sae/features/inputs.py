@@ -67,7 +67,7 @@ def module_inputs(dm, data_dir=None, max_inputs: int | None = None) -> TestInput
                           pixels.reshape(len(pixels), *shape), None, True)
     images = texts = None
     if dm.test_rows is not None:
-        arrays = load_arrays(dm.images, data_dir)
+        arrays = load_arrays(dm.images, data_dir if data_dir is not None else dm.data_dir)
         source = arrays.test_images if dm.test_rows_split == "test" else arrays.train_images
         images = source[dm.test_rows[keep]]
     elif dm.test_texts is not None:
