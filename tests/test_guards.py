@@ -96,6 +96,23 @@ def test_resample_follows_the_recipe_and_resets_only_the_touched_adam_rows(mnist
     assert (metrics.active(model.encode(x))[:, dead].any(0)).all()
 
 
+def test_more_dead_units_than_inputs_take_one_input_each_and_the_rest_wait(mnist_small):
+    model, trainer = trained_with_dead_units(mnist_small)
+    model.samples_since_fired[:40] = model.config.dead_window  # 40 dead, 12 inputs
+    x = mnist_small.train_x[:12]
+    resampler = DeadUnitResampler(every=1)
+    assert resampler.resample(model, x, trainer.optimizers) == 12
+    # twelve distinct inputs, one unit each: no two new decoder columns are the same input
+    cosine = F.normalize(x - model.b_dec.detach(), dim=-1) @ model.W_dec[:, :12]  # [12, 12]
+    assert sorted(cosine.argmax(0).tolist()) == list(range(12))
+    assert (model.samples_since_fired[:12] == 0).all()
+    assert model.dead_mask()[12:40].all() and not model.dead_mask()[40:].any()
+    # the batch's reconstruction stays bounded (copies of one input would add up on it)
+    x_hat, _, _ = model(x)
+    assert float(((x - x_hat).pow(2).sum(-1) / x.pow(2).sum(-1)).max()) < 10
+    assert resampler.resample(model, x, trainer.optimizers) == 12  # the next twelve
+
+
 def test_resample_with_no_dead_unit_changes_nothing(mnist_small):
     model, trainer = trained_with_dead_units(mnist_small)
     model.samples_since_fired.zero_()

@@ -69,7 +69,8 @@ class DeadUnitResampler(L.Callback):
     """Every ``every`` steps up to ``until`` × the run's steps, give dead units new directions.
 
     Anthropic's recipe ("Towards Monosemanticity", 2023), on a batch of training inputs x [B, D]:
-    inputs are drawn with probability ∝ (per-sample squared error)²; each dead unit j gets
+    inputs are drawn without replacement with probability ∝ (per-sample squared error)², one
+    per dead unit and at most one per input (the rest wait for the next call); each unit j gets
 
         W_dec[:, j] ← d = normalise(x_i − b_dec)
         W_enc[j]    ← d · s · mean ‖W_enc[alive]‖      s = the variant's resample_encoder_scale
@@ -105,8 +106,7 @@ class DeadUnitResampler(L.Callback):
         Every DDP rank must call this at the same step (it runs collectives).
         """
         dead = model.dead_mask()
-        n_dead = int(dead.sum())
-        if n_dead == 0 or model.config.arch != "linear":
+        if not dead.any() or model.config.arch != "linear":
             return 0
         x_hat, _, _ = model(x)
         loss = (x - x_hat).pow(2).sum(-1)  # [B]
@@ -114,14 +114,18 @@ class DeadUnitResampler(L.Callback):
         usable = bool(torch.isfinite(weights).all()) and bool(weights.sum() > 0)
         if not _on_every_rank(usable, x.device):
             return 0
-        # without replacement while the batch allows: two units copied from one input would
-        # compete for it and one of them would die again
-        replace = n_dead > int((weights > 0).sum())
-        pick = torch.multinomial(weights / weights.sum(), n_dead, replacement=replace)
-        directions = F.normalize(x[pick] - model.b_dec, dim=-1)  # [n_dead, D]
+        # One input per unit, never two: units copied from one input add up on it (and on
+        # every input near it), so with more dead units than inputs they would multiply its
+        # reconstruction (thousands of dead units on a batch of 256 put the batch FVU above
+        # 1 000). Units beyond the batch's inputs with an error stay dead until the next call.
+        # The same count on every rank: the broadcast below sends rank 0's rows.
+        n = min(int(dead.sum()), int((weights > 0).sum()))
+        n = _min_on_every_rank(n, x.device)
+        pick = torch.multinomial(weights / weights.sum(), n, replacement=False)
+        directions = F.normalize(x[pick] - model.b_dec, dim=-1)  # [n, D]
         alive = ~dead
         enc_norm = model.W_enc[alive].norm(dim=-1).mean() if alive.any() else torch.tensor(1.0)
-        idx = dead.nonzero().squeeze(-1)
+        idx = dead.nonzero().squeeze(-1)[:n]
         model.W_dec[:, idx] = directions.t()
         model.W_enc[idx] = directions * model.resample_encoder_scale * enc_norm
         model.b_enc[idx] = 0.0
@@ -132,7 +136,7 @@ class DeadUnitResampler(L.Callback):
         reset_moments(optimizers, [(model.W_dec, (slice(None), idx)), (model.W_enc, idx),
                                    (model.b_enc, idx)])
         model.samples_since_fired[idx] = 0
-        return n_dead
+        return n
 
 
 def reset_moments(optimizers: Iterable[torch.optim.Optimizer],
@@ -157,6 +161,15 @@ def _on_every_rank(flag: bool, device: torch.device) -> bool:
     agreed = torch.tensor(int(flag), device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
     return bool(agreed)
+
+
+def _min_on_every_rank(n: int, device: torch.device) -> int:
+    """The smallest ``n`` over DDP ranks (just ``n`` in a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return n
+    least = torch.tensor(n, device=device)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    return int(least)
 
 
 def training_callbacks(config: SAEConfig) -> list[L.Callback]:
