@@ -57,8 +57,15 @@ a { color: #2a5db0; }
                                                          12px 100%;
           background-attachment: local, local, scroll, scroll; }
 .scroll table { margin: 0; }
+/* a table with many columns takes the window's width where that is wider than the text's */
+.scroll.wide { width: calc(100vw - 3rem); max-width: none;
+               margin-left: calc(50% - 50vw + 1.5rem); }
+.pm { display: block; color: #777; font-size: 0.85em; }
+details.note { margin: 0.4rem 0 0.8rem 0; }
+details.note summary { cursor: pointer; color: #2a5db0; }
+details.note p { color: #444; font-size: 0.92rem; }
 table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.92rem; overflow-wrap: normal; }
-th, td { text-align: left; padding: 0.25rem 0.6rem; border-bottom: 1px solid #e6e6e6;
+th, td { text-align: left; padding: 0.25rem 0.5rem; border-bottom: 1px solid #e6e6e6;
          vertical-align: top; }
 th { background: #f4f4f4; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
@@ -96,6 +103,9 @@ _PAGE = _ENV.from_string("""\
 {% for text in intro %}
 <p>{{ text }}</p>
 {% endfor %}
+{% for summary, text in notes %}
+<details class="note"><summary>{{ summary }}</summary><p>{{ text }}</p></details>
+{% endfor %}
 <nav>{% for s in sections %}<a href="#{{ s.anchor }}">{{ s.nav or s.heading }}</a>{% endfor %}\
 </nav>
 {% for s in sections %}
@@ -107,9 +117,11 @@ _PAGE = _ENV.from_string("""\
 """)
 
 _TABLE = _ENV.from_string(
-    '<div class="scroll"><table><tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'
-    "{% for row in rows %}<tr>{% for cls, text in row %}"
-    '<td{% if cls %} class="{{ cls }}"{% endif %}>{{ text }}</td>'
+    '<div class="scroll{% if wide %} wide{% endif %}"><table><tr>'
+    '{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'
+    "{% for row in rows %}<tr>{% for cls, text, spread in row %}"
+    '<td{% if cls %} class="{{ cls }}"{% endif %}>{{ text }}'
+    '{% if spread %} <span class="pm">{{ spread }}</span>{% endif %}</td>'
     "{% endfor %}</tr>{% endfor %}</table></div>")
 
 
@@ -128,7 +140,8 @@ class Section:
 
 
 def render_page(title: str, heading: str, subtitle: str, sections: Sequence[Section],
-                intro: Iterable[str | Markup] = ()) -> str:
+                intro: Iterable[str | Markup] = (),
+                notes: Iterable[tuple[str, str | Markup]] = ()) -> str:
     """The complete HTML text of a page.
 
     Args:
@@ -137,9 +150,11 @@ def render_page(title: str, heading: str, subtitle: str, sections: Sequence[Sect
         subtitle: one grey line under the heading (what, when).
         sections: the page's parts, in order; each also gets a link in the navigation bar.
         intro: paragraphs between the subtitle and the navigation bar.
+        notes: (summary, text) pairs after the intro, each folded under its one-line summary
+            until opened: reference text (definitions) a reader opens when needed.
     """
     return _PAGE.render(title=title, heading=heading, subtitle=subtitle, intro=list(intro),
-                        sections=list(sections), css=Markup(PAGE_CSS))
+                        notes=list(notes), sections=list(sections), css=Markup(PAGE_CSS))
 
 
 def fragment(template: str, *args: object, **kwargs: object) -> Markup:
@@ -155,15 +170,18 @@ def join(parts: Iterable[str | Markup]) -> Markup:
 
 def table(head: Sequence[object], rows: Iterable[Sequence[object]],
           cell_class: Callable[[int, str], str | None] | None = None,
-          best: Collection[tuple[int, int]] = ()) -> Markup:
+          best: Collection[tuple[int, int]] = (), wide: bool = False) -> Markup:
     """An HTML ``<table>``: a header row, then one row per item of ``rows``, in a box that
     scrolls sideways when the table is wider than the page (a phone).
 
-    Cells are shown as ``str(value)``, escaped; ``cell_class(column, text)`` gives a cell its CSS
+    Cells are shown as ``str(value)``, escaped; a "mean ± std" cell shows its "± std" on a
+    second, smaller line, so that a table of many such columns fits a page's width (its text
+    is unchanged: the line break is styling). ``cell_class(column, text)`` gives a cell its CSS
     class (``"num"`` for numbers, ``"key"`` for a setting kept on one line, ``"note"`` for
     grey notes) or None; the cells ``(row,
     column)`` of ``best`` (positions counted from 0, header excluded) are also marked ``best``
-    (bold, shaded).
+    (bold, shaded). A ``wide`` table's box spans the window rather than the text column (less
+    scrolling for a table of many columns on a large screen).
     """
     marked = set(best)
 
@@ -172,11 +190,14 @@ def table(head: Sequence[object], rows: Iterable[Sequence[object]],
         for i, text in enumerate(str(v) for v in row):
             classes = [cell_class(i, text) if cell_class else None,
                        "best" if (r, i) in marked else None]
-            out.append((" ".join(c for c in classes if c) or None, text))
+            mean, sep, spread = text.partition(" ± ")
+            out.append((" ".join(c for c in classes if c) or None,
+                        mean if sep else text, sep.strip() + " " + spread if sep else None))
         return out
 
     return Markup(_TABLE.render(head=[str(h) for h in head],
-                                rows=[cells(r, row) for r, row in enumerate(rows)]))
+                                rows=[cells(r, row) for r, row in enumerate(rows)],
+                                wide=wide))
 
 
 def inline_png(png: bytes, alt: str) -> Markup:

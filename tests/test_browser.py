@@ -316,6 +316,29 @@ def test_report_and_comparison_fit_a_400_px_window(driver, run, comparison, whic
         driver.set_window_size(1280, 1000)
 
 
+def test_comparison_tables_fit_a_1400_px_window_and_the_definitions_are_folded(driver,
+                                                                              comparison):
+    driver.set_window_size(1400, 900)
+    try:
+        open_page(driver, comparison)
+        assert overflow_at(driver, comparison, 1400) <= 4
+        boxes = driver.execute_script(
+            "return Array.from(document.querySelectorAll('.scroll'),"
+            " b => [b.className, b.scrollWidth, b.clientWidth]);")
+        # every table shows all its columns, the wide one (every configuration) by taking the
+        # window's width rather than the text column's
+        assert all(scroll <= client + 1 for _, scroll, client in boxes), boxes
+        widest = max(client for _, _, client in boxes)
+        assert ["scroll wide", widest] in [[c, w] for c, _, w in boxes] and widest > 1200
+        note = "return document.querySelector('details.note')"
+        assert driver.execute_script(note + ".open") is False
+        assert "mean ± std" in driver.execute_script(note + ".querySelector('summary')"
+                                                     ".textContent")
+        assert "FVU at L0" in driver.execute_script(note + ".textContent")
+    finally:
+        driver.set_window_size(1280, 1000)
+
+
 def test_a_tap_opens_a_figure_at_full_size_and_another_closes_it(driver, comparison):
     from selenium.webdriver.common.by import By
 

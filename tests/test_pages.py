@@ -50,6 +50,22 @@ def test_fragment_escapes_its_arguments_but_not_other_fragments():
     assert pages.fragment("<p>{}{}</p>", inner, "&") == "<p><b>&lt;i&gt;</b>&amp;</p>"
 
 
+def test_a_mean_and_std_cell_puts_its_std_on_a_second_line_of_the_same_text():
+    html = pages.table(["FVU", "n"], [["0.1322 ± 0.0007", "3"], ["–", "± 1"]])
+    assert '<td>0.1322 <span class="pm">± 0.0007</span></td><td>3</td>' in html
+    assert "<td>–</td><td>± 1</td>" in html  # no mean: the text as it is
+    wide = pages.table(["a"], [["1"]], wide=True)
+    assert wide.startswith('<div class="scroll wide">')
+
+
+def test_notes_fold_under_their_summary():
+    page = pages.render_page("t", "h", "s", [], intro=["about"],
+                             notes=[("What the columns mean", EVIL)])
+    assert ('<details class="note"><summary>What the columns mean</summary><p>&lt;script&gt;'
+            in page)
+    assert page.index("<p>about</p>") < page.index("<details") < page.index("<nav>")
+
+
 def test_nav_label_defaults_to_the_heading():
     page = pages.render_page("t", "h", "s", [pages.Section("x", "Long heading", "b"),
                                              pages.Section("y", "Other", "c", nav="Short")])

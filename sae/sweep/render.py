@@ -48,6 +48,9 @@ FIGURE_FILES = {
 }
 
 
+LEGEND_SUMMARY = "What the columns mean: mean ± std over seeds, on the test set (definitions)"
+
+
 def legend() -> str:
     """What the summary table's cells are: its metrics' definitions (:mod:`sae.metric_defs`)."""
     from sae.sweep.display import SUMMARY_COLUMNS
@@ -291,7 +294,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
                 to_html(headline_display(summary, dataset)),
                 pages.fragment("<h3>{}</h3>", "Every configuration"),
                 to_html(summary_display(summary, dataset, raw.get(dataset)),
-                        best_cells(summary, dataset, judged)),
+                        best_cells(summary, dataset, judged), wide=True),
                 pages.fragment('<h3>{}</h3><p class="sub">{}</p>',
                                "vs KL-SAE at the nearest mean L0",
                                "Δ FVU < 0 and Δ probe > 0 favour the model. Δ FVU at L0 compares "
@@ -310,7 +313,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
                  pages.Section("sweep", "Sweep file", pages.code_block(sweep.text))]
     description = sweep.description.strip()
     title = f"Comparison: {sweep.path.name}"
-    intro = [description, legend()] if description else [legend()]
+    intro = [description] if description else []
     if links["pages"]:
         intro.append(pages.fragment("See also: {}", pages.join(
             pages.join([pages.link(h, t), " "]) for t, h in links["pages"])))
@@ -319,7 +322,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
     return pages.render_page(
         title=title, heading=title,
         subtitle=f"{n_done} of {n_runs} runs finished · generated {pages.timestamp()}",
-        intro=intro, sections=sections)
+        intro=intro, notes=[(LEGEND_SUMMARY, legend())], sections=sections)
 
 
 def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
