@@ -247,6 +247,17 @@ def test_features_page_fits_a_narrow_window(driver, run):
         box = driver.execute_script(
             "var b = document.querySelector('.index-box'); return [b.scrollWidth, b.clientWidth]")
         assert box[1] <= 400  # the index scrolls inside its own box
+        # the code embedding, shrunk to the window, opens at full size on a tap
+        from selenium.webdriver.common.by import By
+
+        img = driver.find_element(By.CSS_SELECTOR, "#embedding-figure img")
+        driver.execute_script("arguments[0].scrollIntoView()", img)
+        natural = driver.execute_script("return arguments[0].naturalWidth", img)
+        assert img.size["width"] <= 400 < natural
+        img.click()
+        assert abs(img.size["width"] - natural) <= 2
+        img.click()
+        assert img.size["width"] <= 400
     finally:
         driver.set_window_size(1280, 1000)
 
