@@ -47,7 +47,7 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
     logs/<same path>.log       each run's console output (appended on every attempt)
     raw_probe.json             raw-pixel probe accuracy per dataset and data split (cached)
     results.csv                one row per finished run (sae.sweep.aggregate.RESULT_COLUMNS)
-    comparison.md              mean ± std over seeds per configuration, "vs KL-SAE", raw pixels
+    comparison.md              mean ± std over seeds per configuration, "vs KL-SAE", raw input
     comparison.html            the same tables and the plots, one self-contained page
     fvu_vs_l0.png, probe_vs_l0.png, l0_distributions.png, class_l0.png, l0_ink_correlation.png
 

@@ -402,7 +402,7 @@ def test_summary_display_and_markdown():
         ("mnist", "topk", "topk", "k", 32, 0, 0.1, 32, 0.95),
     ])
     shown = display.summary_display(s, "mnist", raw_probe=0.926)
-    assert list(shown["model"]) == ["l1", "topk", "raw pixels"]
+    assert list(shown["model"]) == ["l1", "topk", "raw input"]
     assert shown.loc[0, "λ / k"] == "λ = 0.01" and shown.loc[1, "λ / k"] == "k = 32"
     assert shown.loc[0, "FVU"] == "0.3000 ± 0.1414"
     assert shown.loc[1, "FVU"] == "0.1000"  # one seed: no ± part
@@ -604,7 +604,7 @@ def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
     assert shown.loc[kl_row, "sparsemax probe %"] == "96.00"
     assert shown.loc[kl_row, "probe classes"] == "1.50"
     last = shown.iloc[-1]
-    assert last["model"] == "raw pixels" and last["probe acc. %"] == "92.60"
+    assert last["model"] == "raw input" and last["probe acc. %"] == "92.60"
     assert last["sparsemax probe %"] == "91.00" and last["probe classes"] == "1.70"
     lines = render.findings(s, judged, "mnist")
     assert any(line.startswith("Best sparsemax-probe accuracy: L0 ≤ 20: kl") for line in lines)
@@ -889,7 +889,7 @@ def test_quick_preset_writes_tables_and_page(finished_sweep):
     md = (out / "comparison.md").read_text()
     for dataset in ("mnist", "fashion-mnist"):
         assert f"## {dataset}" in md and f"### {dataset}: headline" in md
-    assert "vs KL-SAE" in md and "raw pixels" in md and "k = 8" in md
+    assert "vs KL-SAE" in md and "raw input" in md and "k = 8" in md
     page = (out / "comparison.html").read_text()
     assert page.count("data:image/png;base64,") == len(render.FIGURE_FILES)
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")

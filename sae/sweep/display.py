@@ -106,9 +106,10 @@ def summary_display(summary: pd.DataFrame, dataset: str,
                     raw_probe: float | Mapping[str, float] | None = None) -> pd.DataFrame:
     """The per-configuration table of one dataset as text (mean ± std over seeds).
 
-    A last row "raw pixels" holds the raw-pixel probes when ``raw_probe`` is given: a mapping
-    from summary metric (``probe_accuracy``, ``probe_sparsemax_accuracy``,
-    ``probe_sparsemax_classes``) to its value, or one number, the softmax probe's accuracy.
+    A last row "raw input" holds the probes fitted on the raw input (pixels, or the rows of an
+    activation matrix) when ``raw_probe`` is given: a mapping from summary metric
+    (``probe_accuracy``, ``probe_sparsemax_accuracy``, ``probe_sparsemax_classes``) to its value,
+    or one number, the softmax probe's accuracy.
     """
     part = summary[summary["dataset"] == dataset]
     rows = []
@@ -123,7 +124,7 @@ def summary_display(summary: pd.DataFrame, dataset: str,
     raw = {k: v for k, v in (raw or {}).items() if is_finite_number(v)}
     if raw:
         cells = dict.fromkeys(["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"], "–")
-        cells["model"] = "raw pixels"
+        cells["model"] = "raw input"
         for head, (metric, fmt, scale, unit) in _SUMMARY_CELLS.items():
             if metric in raw:
                 cells[head] = _pm(raw[metric], _NAN, fmt, scale, unit)

@@ -328,7 +328,7 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
             ``value``, ``l0_mean_mean``, ``l0_mean_std`` and ``<metric>_mean`` /
             ``<metric>_std`` for the probe's metric (``probe_accuracy`` for the softmax probe,
             ``probe_sparsemax_accuracy`` for the sparsemax one).
-        raw_probe: dataset -> the same probe's accuracy on raw pixels, drawn as a dashed
+        raw_probe: dataset -> the same probe's accuracy on the raw input, drawn as a dashed
             horizontal line.
         probe_loss: which probe: ``"softmax"`` or ``"sparsemax"``.
     """
@@ -341,7 +341,7 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
     for ax, dataset, part in panels:
         if raw_probe.get(dataset) is not None and math.isfinite(raw_probe[dataset]):
             ax.axhline(raw_probe[dataset], color="0.3", ls="--", lw=1.0,
-                       label=f"raw pixels ({100 * raw_probe[dataset]:.1f}%)")
+                       label=f"raw input ({100 * raw_probe[dataset]:.1f}%)")
         if part.empty:
             empty_note(ax, "no probe results")
             continue
@@ -475,7 +475,7 @@ def l0_ink_correlation(results: pd.DataFrame) -> Figure:
                      .shape[0] for d in datasets] or [1])
     fig = Figure(figsize=(max(7.0, 0.45 * n_configs + 2.0), 3.6 * max(len(datasets), 1) + 0.5),
                  layout="constrained")
-    _title(fig, "Does L0 follow the ink? corr(L0, Σ pixels) over test inputs (bars: mean "
+    _title(fig, "Does L0 follow the ink? corr(L0, Σᵢ xᵢ) over test inputs (bars: mean "
            "over seeds, dots: single seeds)")
     if not datasets:
         empty_note(fig.add_subplot(), "no finished runs")

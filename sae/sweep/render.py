@@ -39,7 +39,7 @@ FIGURE_FILES = {
                      "dashed, their FVU when only the units counted in L0 reconstruct.",
     "probe_vs_l0.png": "Linear-probe test accuracy of the codes against mean L0 (the probe the "
                        "sweep file's probe_loss names); the dashed line is the same probe on "
-                       "raw pixels.",
+                       "the raw input (pixels, or the activation rows).",
     "l0_distributions.png": "Distribution of the number of active units per test input, one "
                             "panel per model, on one shared L0 axis.",
     "class_l0.png": "Mean L0 per class, relative to each configuration's mean.",
