@@ -28,7 +28,7 @@ def comparison_section() -> str:
 
 def test_headline_tables_are_made_from_the_published_csv():
     found = HEADLINE.findall(comparison_section())
-    assert {dataset for _, dataset, _ in found} >= {"mnist", "fashion-mnist"}
+    assert {dataset for _, dataset, _ in found} >= {"mnist", "fashion-mnist", "mnist-mlp-layer-2"}
     for folder, dataset, table in found:
         results = pd.read_csv(REPO / folder / "results.csv")
         expected = display.to_markdown(display.headline_display(aggregate.summarize_seeds(results),
@@ -47,7 +47,7 @@ def test_every_number_in_the_comparison_is_published():
     assert not missing, f"numbers in the README's comparison that no comparison.md holds: {missing}"
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion-mnist", "wide"])
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist", "wide", "mlp-layer"])
 def test_published_comparisons_hold_the_new_models_and_measures(name):
     folder = REPO / "figures" / "compare" / name
     results = pd.read_csv(folder / "results.csv")
