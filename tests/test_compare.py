@@ -393,6 +393,15 @@ def test_match_kl_stays_within_dataset_and_handles_missing_kl():
     assert "no KL-SAE run" in display.to_markdown(display.kl_display(m, "fashion-mnist"))
     only_kl = summary([("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 10, 0.9)])
     assert aggregate.match_kl(only_kl).empty
+    # the pages say it once instead of a table of "no KL-SAE run" rows
+    from sae.sweep.render import _kl_missing
+
+    assert _kl_missing(display.kl_display(m, "fashion-mnist")).startswith("No KL-SAE runs")
+    assert _kl_missing(display.kl_display(aggregate.match_kl(only_kl), "mnist")) == \
+        "No non-KL configurations."
+    both = summary([("mnist", "kl", "kl", "lambda", 0.1, 0, 0.3, 10, 0.9),
+                    ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.2, 10, 0.8)])
+    assert _kl_missing(display.kl_display(aggregate.match_kl(both), "mnist")) is None
 
 
 def test_summary_display_and_markdown():

@@ -220,6 +220,16 @@ def _datasets(sweep: Sweep, summary) -> list[str]:
     return [d for d in sweep.datasets if d in present]
 
 
+def _kl_missing(kl) -> str | None:
+    """What stands instead of the "vs KL-SAE" table when it would compare nothing (a row per
+    model saying "no KL-SAE run" tells a reader less than one line)."""
+    if not len(kl):
+        return "No non-KL configurations."
+    if (kl["KL-SAE"] == "no KL-SAE run").all():
+        return "No KL-SAE runs on this dataset: nothing to compare with."
+    return None
+
+
 def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str, float]],
                         n_runs: int, n_done: int, links: dict | None = None) -> str:
     """comparison.md: per dataset the verdict, its findings, the summary table (best cells
@@ -257,7 +267,7 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
         parts += [f"### {dataset}: vs KL-SAE at the nearest mean L0", "",
                   "Δ FVU < 0 and Δ probe > 0 favour the model over the KL-SAE. Δ FVU at L0 "
                   "compares the KL-SAE at the sparsity its L0 states.", "",
-                  to_markdown(kl) if len(kl) else "No non-KL configurations.", ""]
+                  _kl_missing(kl) or to_markdown(kl), ""]
         runs = links["runs"].get(dataset, [])
         if runs:
             parts += ["Run reports: " + ", ".join(f"[{t}]({h})" for t, h in runs), ""]
@@ -299,8 +309,8 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
                                "vs KL-SAE at the nearest mean L0",
                                "Δ FVU < 0 and Δ probe > 0 favour the model. Δ FVU at L0 compares "
                                "the KL-SAE at the sparsity its L0 states."),
-                to_html(kl) if len(kl) else pages.fragment("<p>{}</p>",
-                                                            "No non-KL configurations.")]
+                pages.fragment("<p>{}</p>", _kl_missing(kl)) if _kl_missing(kl)
+                else to_html(kl)]
         runs = links["runs"].get(dataset, [])
         if runs:
             body.append(pages.fragment(
