@@ -156,11 +156,7 @@ def reset_moments(optimizers: Iterable[torch.optim.Optimizer],
 
 def _on_every_rank(flag: bool, device: torch.device) -> bool:
     """Whether ``flag`` holds on every DDP rank (just ``flag`` in a single process)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    agreed = torch.tensor(int(flag), device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-    return bool(agreed)
+    return bool(_min_on_every_rank(int(flag), device))
 
 
 def _min_on_every_rank(n: int, device: torch.device) -> int:

@@ -295,6 +295,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
     sections = []
     for dataset in _datasets(sweep, summary):
         kl = kl_display(matched, dataset)
+        missing = _kl_missing(kl)
         lines = findings(summary, judged, dataset)
         body = [pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Verdict", _VERDICT_NOTE),
                 to_html(verdict_display(judged, dataset)),
@@ -309,8 +310,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
                                "vs KL-SAE at the nearest mean L0",
                                "Δ FVU < 0 and Δ probe > 0 favour the model. Δ FVU at L0 compares "
                                "the KL-SAE at the sparsity its L0 states."),
-                pages.fragment("<p>{}</p>", _kl_missing(kl)) if _kl_missing(kl)
-                else to_html(kl)]
+                pages.fragment("<p>{}</p>", missing) if missing else to_html(kl)]
         runs = links["runs"].get(dataset, [])
         if runs:
             body.append(pages.fragment(
