@@ -56,8 +56,9 @@ FIGURE_KINDS = (
 _KIND_TEXT = {
     "code_embedding": (
         "Code embedding",
-        "t-SNE of 1 000 test inputs' codes beside the same inputs' raw pixels, coloured by "
-        "class: do the codes separate classes, better or worse than the pixels do?",
+        "t-SNE of 1 000 test inputs' codes, coloured by class, beside the same inputs' raw "
+        "pixels in a run on images: do the codes separate classes, better or worse than the "
+        "pixels do?",
     ),
     "decoder_atoms": (
         "Decoder atoms",

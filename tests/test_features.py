@@ -308,6 +308,16 @@ def _png(shape) -> bytes:
     return buf.getvalue()
 
 
+def test_embedding_caption_names_the_pixel_panel_only_where_there_is_one(page_parts):
+    s, images, page, names = page_parts
+    caption = re.compile(r"<figcaption>(.*?)</figcaption>", re.S)
+    assert "raw pixels" in caption.search(page.split('id="embedding-figure"')[1])[1]
+    codes_only = render_features_page(s, images, "run", names, embedding_png=_png((10, 12)),
+                                      embedding_beside_pixels=False)
+    text = caption.search(codes_only.split('id="embedding-figure"')[1])[1]
+    assert "pixels" not in text and "t-SNE" in text
+
+
 def test_page_has_every_unit_anchor_and_lists_dead_units(page_parts):
     s, _, page, _ = page_parts
     for j in range(7):

@@ -223,6 +223,7 @@ def test_a_classifier_layer_trains_an_sae_through_the_cli(layer_run):
     page = (layer_run / "features.html").read_text()
     assert "<q>" not in page  # the source images are shown, not texts
     assert "softmax linear probe" in page
+    assert "raw pixels" not in page  # its embedding has only the codes' panel
 
 
 # ------------------------------------------------------------------------------- in a browser

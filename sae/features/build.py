@@ -147,7 +147,8 @@ def write_features(run_dir: Path, model, dm, test_codes=None, max_inputs: int | 
     report = run_dir / "report.html"
     href = Path(os.path.relpath(report.resolve(), target.resolve().parent)).as_posix()
     page = render_features_page(stats, inputs.images, name, class_names, subtitle,
-                                embedding_png=png.read_bytes(), report=(href, report.is_file()),
-                                texts=inputs.texts)
+                                embedding_png=png.read_bytes(),
+                                embedding_beside_pixels=inputs.pixels,
+                                report=(href, report.is_file()), texts=inputs.texts)
     write_text(target, page)
     return target

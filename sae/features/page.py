@@ -308,6 +308,7 @@ _COLUMNS = [("j", "unit"), ("freq", "frequency"), ("mean", "mean act."), ("max",
 def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title: str,
                          class_names: Sequence[str] | None = None, subtitle: str = "",
                          embedding_png: bytes | None = None,
+                         embedding_beside_pixels: bool = True,
                          report: tuple[str, bool] | None = None,
                          texts: Sequence[str] | None = None) -> str:
     """The complete, self-contained HTML text of a feature browser.
@@ -322,6 +323,8 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
         class_names: name of each class (default: the class index).
         subtitle: one line under the heading (model, dataset, ...).
         embedding_png: a code-embedding figure shown at the end, if given.
+        embedding_beside_pixels: whether that figure has the inputs' pixel embedding beside
+            the codes' (a run on images; a run on activations embeds only its codes).
         report: (relative href of the run's ``report.html``, whether it exists now), or None
             for no link.
         texts: a text per input, shown instead of images (``images`` may then be None).
@@ -397,4 +400,5 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
         n_inputs=f"{n:,}", n_top=stats["top_index"].shape[1],
         n_bands=stats["band_index"].shape[1], per_band=stats["band_index"].shape[2],
         has_attribution="top_attribution" in stats, embedding=embedding,
+        embedding_beside_pixels=embedding_beside_pixels,
         attribution_cut=per_unit if per_unit < shown else None)
