@@ -245,7 +245,7 @@ def test_resampled_units_sit_at_the_intended_margin(temperature, groups):
     model.after_resample(idx, inputs)
     a, x_c = model.pre_activations(inputs)
     # under the mode's temperature on the final scores: the unit's score is above the others'
-    # threshold τ by their Σ p²
+    # threshold τ by ADMISSION_SHARE of their Σ p²
     s = model.scores(a, x_c)
     others = s.clone()
     others.view(4, -1)[:, idx] = float("-inf")
@@ -253,9 +253,13 @@ def test_resampled_units_sit_at_the_intended_margin(temperature, groups):
     tau = (others - p).masked_fill(p <= 0, float("-inf")).amax(-1)
     share = p.pow(2).sum(-1)
     rows, group = torch.arange(4), idx // (64 // groups)
-    torch.testing.assert_close(s.view(4, -1)[rows, idx], (tau + share)[rows, group],
+    torch.testing.assert_close(s.view(4, -1)[rows, idx],
+                               (tau + model.ADMISSION_SHARE * share)[rows, group],
                                rtol=1e-9, atol=1e-9)
-    assert (model.code(a, x_c)[1]["p"][rows, idx] > 0).all()
+    for k in range(4):  # so each is in the support on its input beside the old units (the new
+        alone = s.clone()  # ones may out-score each other there: their rows are random here)
+        alone.view(4, -1)[:, idx[torch.arange(4) != k]] = float("-inf")
+        assert model.support_map(alone.view(4, -1))[k, idx[k]] > 0
 
 
 # ---- λ controls L0 in every mode -------------------------------------------------------------

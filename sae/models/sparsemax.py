@@ -114,6 +114,11 @@ class SparsemaxSAE(SparseAutoencoder):
     # all; at 1.0 it out-scores every unit there, and validation fvu jumped after each
     # resampling on MNIST; 0.5 resampled as many units without that jump
     resample_encoder_scale = 0.5
+    # a resampled unit's score on its own input: above the others' threshold τ by this fraction
+    # of their typical share Σ p². At the full share, the admitting bias is input-independent
+    # and large where T is (the normalized T grows with the width): at 4 096 units it passed
+    # the threshold on every input, pushed the other units out and killed most of them
+    ADMISSION_SHARE = 0.1
     GATE_BANDWIDTH = 1.0  # κ: the gate's window ε = κ/|S|, one mean active share wide
     GATE_PRICE = 10.0  # unshrunk-ste's penalty: λ / GATE_PRICE per active unit
     # Adam moves log T by about lr a step at most: at the base lr, T (what sizes the support
@@ -198,8 +203,10 @@ class SparsemaxSAE(SparseAutoencoder):
         A unit outside the support gets no gradient (but near the threshold with
         ``unshrunk-ste``), so a resampled unit that does not beat the threshold τ on any input
         stays dead. Its bias is set so that, on its source input and under that input's
-        temperature T(x), its score is T(x)·(τ + Σ p²), τ and p those of the other units (the
-        resampled ones left out): above the threshold by the support's typical share E_p[p].
+        temperature T(x), its score is T(x)·(τ + c Σ p²), τ and p those of the other units (the
+        resampled ones left out), c = ``ADMISSION_SHARE``: above the threshold by a small part
+        of the support's typical share E_p[p], so that it enters the support on its input and
+        on inputs like it, not on every input (the bias does not depend on the input).
         The global and learned temperatures do not depend on the bias, so one step is exact;
         the normalized one includes the new scores in its spread, and the bias is its fixed
         point, found by iterating to rounding level (each step moves one of n scores, so the
@@ -223,7 +230,7 @@ class SparsemaxSAE(SparseAutoencoder):
             p = self.support_map(scores.view(n, -1)).view(n, G, -1)
             tau = (scores - p).masked_fill(p <= 0, float("-inf")).amax(-1)  # [n, G]
             share = p.pow(2).sum(-1)  # [n, G]
-            target = T[rows, group] * (tau[rows, group] + share[rows, group])
+            target = T[rows, group] * (tau[rows, group] + self.ADMISSION_SHARE * share[rows, group])
             step, bias = target - without_bias[rows, rows] - bias, target - without_bias[rows, rows]
             tol = 16 * torch.finfo(a.dtype).eps * target.abs().max().clamp_min(self.min_spread)
             if step.abs().max() <= tol:
