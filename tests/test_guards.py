@@ -175,27 +175,6 @@ def test_resampled_sparsemax_units_enter_the_support(mnist_small):
     assert (after[:16] > 0).all()
 
 
-def test_resampled_jumprelu_units_fire_on_their_input_whatever_threshold_they_died_with(
-        mnist_small):
-    model, trainer = trained_with_dead_units(mnist_small, "jumprelu")
-    (opt,) = trainer.optimizers
-    with torch.no_grad():
-        model.log_threshold[:16] = 10.0  # θ = e¹⁰: above any pre-activation a new row reaches
-    moments = {m: opt.state[model.log_threshold][m].clone() for m in ("exp_avg", "exp_avg_sq")}
-    x = mnist_small.train_x[:128]
-    assert DeadUnitResampler(every=1).resample(model, x, trainer.optimizers) == 16
-    centred = F.normalize(x - model.b_dec.detach(), dim=-1)
-    source = (centred @ model.W_dec[:, :16]).argmax(0)  # the input each unit was copied from
-    a, _ = model.pre_activations(x[source])
-    own = a[torch.arange(16), torch.arange(16)]
-    torch.testing.assert_close(model.thresholds()[:16], 0.5 * own)  # half its own a_j(x_i)
-    assert (metrics.active(model.encode(x[source]))[torch.arange(16), torch.arange(16)]).all()
-    for m in ("exp_avg", "exp_avg_sq"):  # the thresholds' moments: reset for the new units only
-        state = opt.state[model.log_threshold][m]
-        assert (state[:16] == 0).all() and (moments[m][:16] != 0).any()
-        assert torch.equal(state[16:], moments[m][16:])
-
-
 def test_resampling_off_leaves_dead_units_dead(mnist_small):
     config = SAEConfig(model="l1", hidden=64, lam=0.01, dead_guard="none")
     model = build_model(config, mnist_small.train_mean, data_var=50.0)

@@ -228,14 +228,11 @@ class SparseAutoencoder(L.LightningModule):
         with torch.no_grad():
             self.W_dec.div_(column_norms(self.W_dec).clamp_min_(1e-8))
 
-    def after_resample(self, idx: Tensor, inputs: Tensor) -> list[tuple[Tensor, object]]:
+    def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
         """Hook for variants, run by the dead-unit resampler after it re-initialised units.
 
         ``idx`` [n] the resampled units, ``inputs`` [n, D] the input each was copied from.
-        Returns (parameter, index) of each further row it set, beyond W_dec, W_enc and b_enc,
-        whose optimiser moments the resampler then resets too (none here).
         """
-        return []
 
     def result_extras(self) -> dict[str, float]:
         """What a variant adds to a run's test results (``metrics.json``) besides the common

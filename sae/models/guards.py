@@ -74,15 +74,14 @@ class DeadUnitResampler(L.Callback):
 
         W_dec[:, j] ← d = normalise(x_i − b_dec)
         W_enc[j]    ← d · s · mean ‖W_enc[alive]‖      s = the variant's resample_encoder_scale
-        b_enc[j]    ← 0, then the variant's ``after_resample`` hook (Sparsemax: admission;
-                      JumpReLU: a threshold the unit passes on its input)
+        b_enc[j]    ← 0, then the variant's ``after_resample`` hook (Sparsemax: admission)
 
-    and Adam's moments of the touched rows and columns (the hook's too) are reset to zero, so
-    stale momentum does not push the new directions away. "Dead" is the model's
-    ``dead_mask()`` (no firing over its last ``dead_window`` training samples, over all
-    ranks). Under DDP every rank takes the same decision (a resampling happens only when every
-    rank's batch gives usable weights) and rank 0's new rows are broadcast, so the replicas
-    stay identical. ``history`` records (step, units resampled) for each resampling.
+    and Adam's moments of the touched rows and columns are reset to zero, so stale momentum
+    does not push the new directions away. "Dead" is the model's ``dead_mask()`` (no firing over
+    its last ``dead_window`` training samples, over all ranks). Under DDP every rank takes the
+    same decision (a resampling happens only when every rank's batch gives usable weights) and
+    rank 0's new rows are broadcast, so the replicas stay identical. ``history`` records
+    (step, units resampled) for each resampling.
     """
 
     def __init__(self, every: int, until: float = 1.0):
@@ -130,12 +129,12 @@ class DeadUnitResampler(L.Callback):
         model.W_dec[:, idx] = directions.t()
         model.W_enc[idx] = directions * model.resample_encoder_scale * enc_norm
         model.b_enc[idx] = 0.0
-        extra = model.after_resample(idx, x[pick])
+        model.after_resample(idx, x[pick])
         if dist.is_available() and dist.is_initialized():
-            for p in (model.W_dec, model.W_enc, model.b_enc, *(p for p, _ in extra)):
+            for p in (model.W_dec, model.W_enc, model.b_enc):
                 dist.broadcast(p.data, src=0)
         reset_moments(optimizers, [(model.W_dec, (slice(None), idx)), (model.W_enc, idx),
-                                   (model.b_enc, idx), *extra])
+                                   (model.b_enc, idx)])
         model.samples_since_fired[idx] = 0
         return n
 

@@ -45,21 +45,6 @@ class JumpReLUSAE(SparseAutoencoder):
                 {"params": [self.log_threshold],
                  "lr": self.config.lr * self.THRESHOLD_LR_SCALE}]
 
-    @torch.no_grad()
-    def after_resample(self, idx: torch.Tensor, inputs: torch.Tensor) -> list:
-        """θ_j ← ½ a_j(x_i): each resampled unit fires on the input x_i it was copied from.
-
-        A resampled unit keeps no threshold of its own: the dead unit's θ was pushed up by the
-        penalty (or never came down from θ₀), and where the new encoder row's pre-activation on
-        its own input stays below that θ (0.2 of the mean encoder-row norm times ‖x_i − b_dec‖)
-        the unit never fires, gets no gradient and dies again at every resampling. With half
-        its pre-activation on x_i, it fires there and on the inputs at least half as aligned.
-        """
-        a, _ = self.pre_activations(inputs)  # [n, H]; a_j(x_i) > 0: W_enc[j] ∝ x_i − b_dec
-        own = a[torch.arange(len(idx), device=idx.device), idx]
-        self.log_threshold[idx] = (0.5 * own).clamp_min(torch.finfo(own.dtype).tiny).log()
-        return [(self.log_threshold, idx)]
-
     def thresholds(self) -> torch.Tensor:
         """θ [H]."""
         return self.log_threshold.exp()

@@ -197,7 +197,7 @@ class SparsemaxSAE(SparseAutoencoder):
         return a.view(len(a), self.config.groups, -1) / self.temperature(a, x_centred)[..., None]
 
     @torch.no_grad()
-    def after_resample(self, idx: Tensor, inputs: Tensor) -> list:
+    def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
         """Admit each resampled unit into the support on its source input.
 
         A unit outside the support gets no gradient (but near the threshold with
@@ -236,7 +236,6 @@ class SparsemaxSAE(SparseAutoencoder):
             if step.abs().max() <= tol:
                 break
         self.b_enc[idx] = bias
-        return []  # only b_enc, whose moments the resampler resets anyway
 
     def gate(self, s: Tensor, p: Tensor) -> Tensor:
         """H(s − τ) [B, G, n] on sparsemax's support, with the straight-through pseudo-derivative
