@@ -764,6 +764,47 @@ def test_point_labels_do_not_overlap():
             assert not a.overlaps(b)
 
 
+def test_point_labels_of_a_crowded_panel_do_not_overlap_once_the_legend_is_drawn():
+    """Seven models bunched in one corner: the seed-0 (FVU, L0) of the MNIST MLP-layer preset,
+    where labels placed for the axes' size before the layout (the legend outside then takes
+    width from the axes) overlapped. The labels are measured in the final layout."""
+    points = [
+        ("l1", 0.002, 0.0105, 48.3),
+        ("l1", 0.004, 0.0141, 31.9),
+        ("l1", 0.008, 0.0233, 21.0),
+        ("l1", 0.016, 0.0405, 11.9),
+        ("sparsemax", 0.0002, 0.0086, 37.5),
+        ("sparsemax", 0.0005, 0.0107, 25.1),
+        ("sparsemax", 0.001, 0.0128, 18.3),
+        ("sparsemax", 0.002, 0.0155, 13.3),
+        ("entmax", 0.0005, 0.0074, 45.2),
+        ("entmax", 0.001, 0.0089, 31.6),
+        ("entmax", 0.0025, 0.0124, 20.2),
+        ("entmax", 0.005, 0.0165, 14.4),
+        ("topk", 16, 0.0145, 16.0),
+        ("topk", 32, 0.0087, 32.0),
+        ("batchtopk", 16, 0.0137, 16.1),
+        ("batchtopk", 32, 0.0083, 31.9),
+        ("jumprelu", 3e-05, 0.0176, 17.6),
+        ("jumprelu", 0.0003, 0.0184, 17.5),
+        ("jumprelu", 0.001, 0.0182, 16.6),
+        ("jumprelu", 0.004, 0.0197, 14.7),
+    ]
+    kinds = {"topk": "k", "batchtopk": "k"}
+    rows = [("mnist", m, m, kinds.get(m, "lambda"), v, 0, fvu, l0, 0.9)
+            for m, v, fvu, l0 in points]
+    fig = plots.fvu_l0_pareto(summary(rows))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    boxes = [t.get_window_extent(renderer) for ax in fig.axes for t in ax.texts]
+    assert len(boxes) >= 12  # each line's two ends at least, but the bunched ones
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+
+
 def test_point_labels_cross_no_line():
     """A λ / k label is not drawn across a line: no point of any line of the axes lies in it."""
     rows = [("mnist", m, m, "lambda", lam, 0, fvu, l0, 0.9)

@@ -132,49 +132,41 @@ def _place_labels(ax: Axes, points: list[tuple[float, float, str, str]]) -> None
     """Label points ``(x, y, text, colour)`` where no label overlaps another label or a line.
 
     Simple greedy placement in axes-fraction coordinates (no extra package): each label takes
-    the first offset of :data:`_LABEL_OFFSETS` whose estimated box (width from its length at
-    the font size) overlaps no box placed before it, crosses no line or marker of the axes
-    (:func:`_line_points`) and stays inside the axes. The ends of each line are placed first,
-    so when a crowded middle label finds no free place, it is the one left out (the legend and
+    the first offset of :data:`_LABEL_OFFSETS` whose box overlaps no box placed before it,
+    crosses no line or marker of the axes (:func:`_line_points`) and stays inside the axes.
+    The boxes are the drawn texts' own extents, measured once the figure's layout has given
+    the axes their final size (an estimate from the text's length and the axes' size before
+    layout let labels of crowded points overlap). The ends of each line are placed first, so
+    when a crowded middle label finds no free place, it is the one left out (the legend and
     the table still name every setting).
     """
     if not points:
         return
     ax.autoscale_view()
-    to_axes = ax.transScale + ax.transLimits  # data -> axes fraction, independent of layout
-    fig_w, fig_h = ax.figure.get_size_inches()
-    bbox = ax.get_position()  # before layout: a fair estimate of the axes' size in points
-    w_pt, h_pt = max(fig_w * bbox.width, 1.0) * 72, max(fig_h * bbox.height, 1.0) * 72
-    size = 6.5  # 'xx-small' at the paper context, in points
+    fig = ax.figure
+    fig.draw_without_rendering()  # the layout: the axes' final size, the renderer's fonts
+    to_axes = ax.transScale + ax.transLimits  # data -> axes fraction
+    frac = ax.transAxes.inverted()  # display -> axes fraction
+    pad = 0.5 * fig.dpi / 72  # half a point to spare on every side, in display units
     obstacles = _line_points(ax, to_axes)
     placed: list[tuple[float, float, float, float]] = []
     for x, y, text, colour in points:
-        fx, fy = to_axes.transform((x, y))
-        # the estimated box, with 1.5 points to spare on every side
-        width, height = (0.6 * size * len(text) + 3) / w_pt, (1.1 * size + 3) / h_pt
         for dx, dy in _LABEL_OFFSETS:
-            if dx > 0:
-                x0 = fx + (dx - 1.5) / w_pt
-            elif dx < 0:
-                x0 = fx + (dx + 1.5) / w_pt - width
-            else:
-                x0 = fx - width / 2
-            y0 = fy + (dy - 1.5) / h_pt
-            box = (x0, y0, x0 + width, y0 + height)
-            if box[0] < 0 or box[1] < 0 or box[2] > 1 or box[3] > 1:
-                continue
-            if any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
-                   for b in placed):
-                continue
-            inside = ((obstacles[:, 0] > box[0]) & (obstacles[:, 0] < box[2])
-                      & (obstacles[:, 1] > box[1]) & (obstacles[:, 1] < box[3]))
-            if inside.any():
-                continue
-            placed.append(box)
-            ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
-                        ha="right" if dx < 0 else ("center" if dx == 0 else "left"),
-                        va="bottom", fontsize="xx-small", color=colour)
-            break
+            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                                ha="right" if dx < 0 else ("center" if dx == 0 else "left"),
+                                va="bottom", fontsize="xx-small", color=colour)
+            extent = label.get_window_extent().padded(pad)
+            (x0, y0), (x1, y1) = frac.transform(extent.get_points())
+            box = (x0, y0, x1, y1)
+            free = (0 <= x0 and 0 <= y0 and x1 <= 1 and y1 <= 1
+                    and not any(x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1
+                                for b in placed)
+                    and not ((obstacles[:, 0] > x0) & (obstacles[:, 0] < x1)
+                             & (obstacles[:, 1] > y0) & (obstacles[:, 1] < y1)).any())
+            if free:
+                placed.append(box)
+                break
+            label.remove()
 
 
 def _ends_first(n: int) -> list[int]:
@@ -278,6 +270,7 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
     if not datasets:
         empty_note(grid[0, 0], "no finished runs")
     styles = _styles(summary)
+    pending = []  # (axes, its points to label)
     for j, dataset in enumerate(datasets):
         ax = grid[0, j]
         ax.set_label(f"main:{dataset}")
@@ -293,7 +286,7 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
             order = _pareto_front(l0, err)
             ax.plot(l0[order], err[order], color="0.4", ls="--", lw=1.0,
                     drawstyle="steps-post", zorder=0, label="Pareto frontier")
-            _place_labels(ax, labels)
+            pending.append((ax, labels))
         if not has_loose:
             continue
         inset = grid[1, j]
@@ -313,8 +306,10 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
         _metric_vs_l0(inset, loose_at_l0, "fvu", styles, ls="--", hollow=True,
                       suffix=": FVU at L0")
         _log_l0_axis(inset, data[in_data])
-        _place_labels(inset, labels)
+        pending.append((inset, labels))
     _figure_legend(fig, list(grid.ravel()))
+    for ax, labels in pending:  # once the legend has taken its width: the axes' final size
+        _place_labels(ax, labels)
     return fig
 
 
@@ -338,6 +333,7 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
         summary, metric, f"Linear-probe accuracy of the codes vs sparsity ({probe_loss} loss)",
         "probe test accuracy")
     styles = _styles(summary)
+    pending = []  # (axes, its points to label)
     for ax, dataset, part in panels:
         if raw_probe.get(dataset) is not None and math.isfinite(raw_probe[dataset]):
             ax.axhline(raw_probe[dataset], color="0.3", ls="--", lw=1.0,
@@ -345,9 +341,11 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
         if part.empty:
             empty_note(ax, "no probe results")
             continue
-        _place_labels(ax, _metric_vs_l0(ax, part, metric, styles))
+        pending.append((ax, _metric_vs_l0(ax, part, metric, styles)))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     _figure_legend(fig, [ax for ax, _, _ in panels])
+    for ax, labels in pending:  # once the legend has taken its width: the axes' final size
+        _place_labels(ax, labels)
     return fig
 
 
