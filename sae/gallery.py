@@ -119,7 +119,7 @@ def ensure_run(run: Path, dataset: str, model: str, lam: float, epochs: int,
                "--dataset", dataset, "--epochs", str(epochs), "--out", str(run), *extra]
         if run.exists():  # an interrupted run continues where it stopped
             cmd.append("--resume")
-        print("$", " ".join(cmd[1:]), flush=True)
+        print("$", Path(sys.executable).name, " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
     return read_metrics(run)
 

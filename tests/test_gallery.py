@@ -2,6 +2,9 @@
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from sae import gallery
 
@@ -50,3 +53,18 @@ def test_gallery_index_page_shows_the_copied_figures(tmp_path):
     assert len(shown) == len(gallery.DATASETS) * len(gallery.MODELS) * len(gallery.KINDS)
     assert all((out / name).is_file() for name in shown)
     assert "k = 32" in page and "λ = 0.01" in page
+
+
+def test_a_run_to_train_is_announced_with_the_interpreter_that_trains_it(tmp_path, monkeypatch,
+                                                                      capsys):
+    calls = []
+
+    def train(cmd, check):  # stands in for the training process: writes a finished run
+        calls.append(cmd)
+        finished_run(Path(cmd[cmd.index("--out") + 1]))
+
+    monkeypatch.setattr(subprocess, "run", train)
+    gallery.ensure_run(tmp_path / "mnist-l1", "mnist", "l1", 0.01, 10, [])
+    assert calls[0][:3] == [sys.executable, "-m", "sae.run"]
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"$ {Path(sys.executable).name} -m sae.run --model l1"), line
