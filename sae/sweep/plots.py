@@ -128,7 +128,21 @@ def _line_points(ax: Axes, to_axes, step: float = 0.01) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, 2))
 
 
-def _place_labels(ax: Axes, points: list[tuple[float, float, str, str]]) -> None:
+def _place_labels(fig: Figure, pending: list[tuple[Axes, list]]) -> None:
+    """Label the points of each (axes, points) in ``pending`` (:func:`_label_axes`), once the
+    figure's layout is final (the legend outside drawn): one layout for all the axes, since
+    labels placed inside one axes do not move the others."""
+    pending = [(ax, points) for ax, points in pending if points]
+    if not pending:
+        return
+    for ax, _ in pending:
+        ax.autoscale_view()
+    fig.draw_without_rendering()  # the layout: the axes' final size, the renderer's fonts
+    for ax, points in pending:
+        _label_axes(ax, points)
+
+
+def _label_axes(ax: Axes, points: list[tuple[float, float, str, str]]) -> None:
     """Label points ``(x, y, text, colour)`` where no label overlaps another label or a line.
 
     Simple greedy placement in axes-fraction coordinates (no extra package): each label takes
@@ -138,16 +152,11 @@ def _place_labels(ax: Axes, points: list[tuple[float, float, str, str]]) -> None
     the axes their final size (an estimate from the text's length and the axes' size before
     layout let labels of crowded points overlap). The ends of each line are placed first, so
     when a crowded middle label finds no free place, it is the one left out (the legend and
-    the table still name every setting).
+    the table still name every setting). The figure's layout must be done (:func:`_place_labels`).
     """
-    if not points:
-        return
-    ax.autoscale_view()
-    fig = ax.figure
-    fig.draw_without_rendering()  # the layout: the axes' final size, the renderer's fonts
     to_axes = ax.transScale + ax.transLimits  # data -> axes fraction
     frac = ax.transAxes.inverted()  # display -> axes fraction
-    pad = 0.5 * fig.dpi / 72  # half a point to spare on every side, in display units
+    pad = 0.5 * ax.figure.dpi / 72  # half a point to spare on every side, in display units
     obstacles = _line_points(ax, to_axes)
     placed: list[tuple[float, float, float, float]] = []
     for x, y, text, colour in points:
@@ -308,8 +317,7 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
         _log_l0_axis(inset, data[in_data])
         pending.append((inset, labels))
     _figure_legend(fig, list(grid.ravel()))
-    for ax, labels in pending:  # once the legend has taken its width: the axes' final size
-        _place_labels(ax, labels)
+    _place_labels(fig, pending)  # once the legend has taken its width
     return fig
 
 
@@ -344,8 +352,7 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
         pending.append((ax, _metric_vs_l0(ax, part, metric, styles)))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     _figure_legend(fig, [ax for ax, _, _ in panels])
-    for ax, labels in pending:  # once the legend has taken its width: the axes' final size
-        _place_labels(ax, labels)
+    _place_labels(fig, pending)  # once the legend has taken its width
     return fig
 
 
