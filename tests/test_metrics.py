@@ -946,28 +946,32 @@ def test_probe_matches_previous_solver_accuracy():
     assert set(probes) == set(M.PROBE_LOSSES)
     for loss, previous in PREVIOUS_PROBE_ACCURACY.items():
         assert probes[loss].sparse and probes[loss].loss == loss
-        assert abs(probes[loss].test_accuracy - previous) <= 0.001  # 0.1 point
+        # within 0.1 point (2 of the 2 000 test rows), inclusive
+        assert abs(probes[loss].test_accuracy - previous) <= 0.001 + 1e-12
 
 
 @pytest.mark.parametrize("sparse", [True, False])
 @pytest.mark.parametrize("loss", M.PROBE_LOSSES)
 def test_probe_reaches_the_optimum_of_the_reference_objective(loss, sparse):
     # the objective rebuilt from probe_loss and autograd in float64: the compiled loops compute
-    # the same value, and the solver stops where its gradient vanishes
+    # the same value, and the solver stops where the gradient's largest entry is below tol
     xtr, ytr = sae_like_codes(1500, 2)
     xte, yte = sae_like_codes(200, 3)
-    r = M.linear_probe(xtr, ytr, xte, yte, loss=loss, sparse=sparse, dtype=torch.float64)
-    assert r.sparse == sparse and r.n_iter < 200
     x = xtr.double()
     mean, std = x.mean(0), x.std(0, unbiased=False)
     std = torch.where(std > 0, std, torch.ones_like(std))
-    w = (r.weight * std[:, None]).detach().requires_grad_(True)  # on standardised features
-    b = (r.bias + (mean / std) @ (r.weight * std[:, None])).detach().requires_grad_(True)
-    logits = ((x - mean) / std) @ w + b
-    value = M.probe_loss(logits, ytr, loss)[0].mean() + 0.5 * 1e-3 * w.square().sum()
-    value.backward()
-    assert r.train_loss == pytest.approx(float(value.detach()), rel=1e-9)
-    assert float(w.grad.abs().max()) <= 1e-5 and float(b.grad.abs().max()) <= 1e-5
+    for tol in (1e-4, 3e-6):  # the default, and one that reaches the optimum closely
+        r = M.linear_probe(xtr, ytr, xte, yte, loss=loss, sparse=sparse, dtype=torch.float64,
+                           tol=tol)
+        assert r.sparse == sparse and r.n_iter < 200
+        w = (r.weight * std[:, None]).detach().requires_grad_(True)  # on standardised features
+        b = (r.bias + (mean / std) @ (r.weight * std[:, None])).detach().requires_grad_(True)
+        logits = ((x - mean) / std) @ w + b
+        value = M.probe_loss(logits, ytr, loss)[0].mean() + 0.5 * 1e-3 * w.square().sum()
+        value.backward()
+        assert r.train_loss == pytest.approx(float(value.detach()), rel=1e-9)
+        # the solver's own gradient is the rebuilt one up to float64 rounding
+        assert float(w.grad.abs().max()) <= 1.01 * tol and float(b.grad.abs().max()) <= 1.01 * tol
 
 
 def test_probes_equal_single_calls_and_do_not_depend_on_threads():

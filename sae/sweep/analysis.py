@@ -30,8 +30,9 @@ from sae.sweep.spec import Run
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
            "pearson", "raw_by_dataset", "raw_probes", "read_json", "run_metrics"]
 
-ANALYSIS_VERSION = 3  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
+ANALYSIS_VERSION = 4  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
 #                      3: the sparsemax-loss probe beside the softmax one
+#                      4: probes solved to the default tolerance of linear_probes (1e-4)
 SPLIT_KEYS = ("dataset", "data", "val_size", "limit_train", "limit_test")  # naming a data split
 
 
@@ -230,7 +231,7 @@ def raw_probes(sweep_dir: Path, runs: list[Run], data: DataCache) -> list[dict]:
 
 # Raw-pixel probes depend on the data files and the split alone: every sweep on this machine
 # shares them (in the data cache folder), so a sweep does not spend its last minute on them again.
-_RAW_PROBE_VERSION = 2  # 2: the float64 L-BFGS-B probe solver
+_RAW_PROBE_VERSION = 3  # 2: the float64 L-BFGS-B probe solver; 3: its tolerance 1e-4
 
 
 def _raw_probe_key(dm) -> str | None:
