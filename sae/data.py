@@ -159,7 +159,29 @@ def _read_folder_once(folder: Path) -> ImageArrays:
     return _READ[key].copy()
 
 
-_PCA: dict[tuple, object] = {}  # a training split (files' stamp, split settings) -> its PCA
+@dataclass
+class _Split:
+    """One split of a dataset as float tensors, with what is derived from its training part.
+
+    Shared by every data module of the same files and split settings in a process (a sweep
+    worker's runs and their analyses): the float conversion, the split and the training moments
+    cost more than a short run's test metrics. Nothing in the package writes into these tensors
+    (data loaders, metrics and model initialisation index or copy them), which is what makes
+    sharing them safe.
+    """
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    mean: torch.Tensor | None = None  # mean training image, computed when first asked for
+    variance: float | None = None  # E‖x − x̄‖² over the training images
+    pca: object = None  # sae.metrics.principal_components of the training images
+
+
+_SPLITS: dict[tuple, _Split] = {}  # (files' stamp, split settings) -> the split, both datasets
 
 
 def _has_any_idx(folder: Path) -> bool:
@@ -351,22 +373,36 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
         if self._loaded:
             return
         arrays = load_arrays(self.dataset, self.data_dir, self.cache_dir, self.download)
+        n_train = len(arrays.train_images)
+        if not 0 < self.val_size < n_train:
+            raise DataSourceError(f"val_size {self.val_size} must be in (0, {n_train})")
+        key = (arrays.stamp, self.val_size, self.split_seed, self.limit_train, self.limit_test)
+        split = _SPLITS.get(key) if arrays.stamp else None
+        if split is None:
+            split = self._split(arrays)
+            if arrays.stamp:  # arrays of unknown origin: nothing to share
+                while len(_SPLITS) >= 2:
+                    _SPLITS.pop(next(iter(_SPLITS)))
+                _SPLITS[key] = split
+        self._shared = split
+        self.train_x, self.train_y = split.train_x, split.train_y
+        self.val_x, self.val_y = split.val_x, split.val_y
+        self.test_x, self.test_y = split.test_x, split.test_y
+        self.source, self.stamp = arrays.source, arrays.stamp
+        self._loaded = True
+
+    def _split(self, arrays: ImageArrays) -> _Split:
+        """The float tensors of this module's split of ``arrays``."""
         images, labels = to_float(arrays.train_images), torch.from_numpy(arrays.train_labels)
-        if not 0 < self.val_size < len(images):
-            raise DataSourceError(f"val_size {self.val_size} must be in (0, {len(images)})")
         perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.split_seed))
         val_idx, train_idx = perm[: self.val_size], perm[self.val_size:]
         if self.limit_train:
             train_idx = train_idx[: self.limit_train]
-        self.train_x, self.train_y = images[train_idx], labels[train_idx]
-        self.val_x, self.val_y = images[val_idx], labels[val_idx]
-        self.test_x = to_float(arrays.test_images)
-        self.test_y = torch.from_numpy(arrays.test_labels)
+        test_x, test_y = to_float(arrays.test_images), torch.from_numpy(arrays.test_labels)
         if self.limit_test:
-            keep = slice(0, self.limit_test)
-            self.test_x, self.test_y = self.test_x[keep], self.test_y[keep]
-        self.source, self.stamp = arrays.source, arrays.stamp
-        self._loaded = True
+            test_x, test_y = test_x[: self.limit_test], test_y[: self.limit_test]
+        return _Split(images[train_idx], labels[train_idx], images[val_idx], labels[val_idx],
+                      test_x, test_y)
 
     def setup(self, stage: str | None = None) -> None:
         self.load()
@@ -378,17 +414,22 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
         from sae.metrics import principal_components
 
         self.load()
-        if not self.stamp:  # arrays of unknown origin: nothing to share
-            return principal_components(self.train_x)
-        key = (self.stamp, self.val_size, self.split_seed, self.limit_train)
-        if key not in _PCA:
-            while len(_PCA) >= 2:
-                _PCA.pop(next(iter(_PCA)))
-            _PCA[key] = principal_components(self.train_x)
-        return _PCA[key]
+        if self._shared.pca is None:
+            self._shared.pca = principal_components(self.train_x)
+        return self._shared.pca
 
     @property
     def train_mean(self) -> torch.Tensor:
         """Mean training image [784]: the decoder-bias init and the x̄ of fvu."""
-        return self.train_x.mean(0)
+        self.load()
+        if self._shared.mean is None:
+            self._shared.mean = self.train_x.mean(0)
+        return self._shared.mean
+
+    @property
+    def train_variance(self) -> float:
+        """E‖x − x̄‖² over the training images: the scale the models' losses are divided by."""
+        if self._shared.variance is None:
+            self._shared.variance = float((self.train_x - self.train_mean).pow(2).sum(-1).mean())
+        return self._shared.variance
 

@@ -1,4 +1,5 @@
 import gzip
+import os
 import struct
 
 import numpy as np
@@ -112,6 +113,34 @@ def test_datamodule_split_is_fixed_and_disjoint(tmp_path):
     x, y = next(iter(a.train_dataloader()))
     assert x.shape == (8, 784) and y.shape == (8,)
     assert sum(len(b[0]) for b in a.val_dataloader()) == 10
+
+
+def test_modules_of_one_split_share_its_tensors_until_the_files_change(tmp_path):
+    """A sweep worker's runs and analyses share one copy of a split; other split settings and
+    rewritten files get their own, and the shared moments are those of the training images."""
+    write_dataset(tmp_path / "mnist", n_train=50, n_test=12)
+
+    def module(**split):
+        dm = ImageDataModule("mnist", str(tmp_path), val_size=split.get("val_size", 10),
+                             limit_train=split.get("limit_train"),
+                             cache_dir=str(tmp_path / "c"), download=False)
+        dm.setup()
+        return dm
+
+    a, b = module(), module()
+    assert a.train_x is b.train_x and a.test_x is b.test_x
+    assert torch.equal(a.train_mean, a.train_x.mean(0))
+    expected = float((a.train_x - a.train_x.mean(0)).pow(2).sum(-1).mean())
+    assert b.train_variance == pytest.approx(expected, rel=1e-6)
+    other = module(val_size=20)
+    assert other.train_x is not a.train_x and other.train_x.shape == (30, 784)
+    assert module(limit_train=5).train_x.shape == (5, 784)
+    arrays = write_dataset(tmp_path / "mnist", n_train=50, n_test=12, seed=1)
+    os.utime(tmp_path / "mnist" / IDX_FILES["test_images"], ns=(1, 1))  # a new stamp, surely
+    fresh = module()
+    assert fresh.test_x is not a.test_x
+    assert torch.equal(fresh.test_x, torch.from_numpy(arrays["test_images"].astype(np.float32)
+                                                      .reshape(12, -1)) / 255.0)
 
 
 def test_real_mnist_class_counts(data_dir):
