@@ -283,6 +283,29 @@ def blobs(n_per_class: int, n_classes: int, dim: int, spread: float, seed: int, 
     return feats[perm], labels[perm]
 
 
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 40), st.integers(1, 12)),
+              elements=st.sampled_from([0.0, 0.0, 0.0, 1.0, -2.5, 0.125, 3e4])))
+def test_sparse_probe_standardisation_is_the_dense_one(x):
+    """The sparse probe's column mean and std, taken from the nonzeros alone, are those of the
+    whole matrix (float64), with std 1 for a constant column as in the dense path."""
+    import scipy.sparse
+
+    from sae.metrics.probes import _csr_mean_std
+
+    csr = scipy.sparse.csr_matrix(x)
+    mean, std = _csr_mean_std(csr.indices.astype(np.int64), csr.data, *x.shape)
+    dense = x.astype(np.float64)
+    np.testing.assert_allclose(mean, dense.mean(0), rtol=1e-12, atol=1e-12)
+    want = dense.std(0)
+    constant = want <= 1e-12 * (1 + np.abs(dense.mean(0)))
+    np.testing.assert_allclose(std[~constant], want[~constant], rtol=1e-9)
+    assert (std[constant] == 1.0).all()
+    ref_mean, ref_std = (t.double().numpy() for t in M.basic._column_mean_std(torch.from_numpy(x)))
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(std, ref_std, rtol=1e-5, atol=1e-9)
+
+
 def test_probe_separates_separable_classes():
     xtr, ytr = blobs(100, 10, 20, 1.0, seed=0)
     xte, yte = blobs(50, 10, 20, 1.0, seed=0, draw=1)
@@ -375,6 +398,30 @@ def test_probe_on_mnist_pixels_subset():
     # logistic regression on 10k MNIST images scores about 0.9; chance is 0.1
     assert r.test_accuracy > 0.85
     assert r.train_accuracy >= r.test_accuracy - 0.02
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sparsemax"])
+def test_dense_probe_objective_over_row_blocks_is_the_whole_one(monkeypatch, loss):
+    """The dense objective taken a row block at a time (blocks of 7 rows here, the last one
+    short) is the sum and gradient of the per-row losses over all rows, as the sparse pass
+    computes them from the same features."""
+    from sae.metrics import probes
+
+    monkeypatch.setattr(probes, "_DENSE_ROWS", 7)
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(52, 9, generator=g) * (torch.rand(52, 9, generator=g) < 0.5)
+    y = torch.randint(0, 4, (52,), generator=g)
+    w = torch.randn(9, 4, generator=g, dtype=torch.float64).numpy()
+    b = torch.randn(4, generator=g, dtype=torch.float64).numpy()
+    dense = probes._ProbeProblem(x, y, 4, False, False, torch.float32)
+    sparse = probes._ProbeProblem(x, y, 4, False, True, torch.float32)
+    total, gw, gb = dense.objective(w, b, loss)
+    want_total, want_gw, want_gb = sparse.objective(w, b, loss)
+    sparse.close()
+    assert gw.shape == (9, 4) and gb.shape == (4,)
+    assert total == pytest.approx(want_total, rel=1e-6)
+    np.testing.assert_allclose(gw, want_gw, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gb, want_gb, rtol=1e-5, atol=1e-6)
 
 
 def test_probe_sparse_products_match_dense():

@@ -120,8 +120,11 @@ def mse(x: torch.Tensor, x_hat: torch.Tensor) -> float:
         (1 / (N·D)) Σ_n Σ_d (x_nd − x̂_nd)².
     """
     x, x_hat = _pair(x, x_hat)
-    err = x.to(_acc_dtype(x)) - x_hat.to(_acc_dtype(x))
-    return float(err.square().mean())
+    return _mse(x.to(_acc_dtype(x)), x_hat.to(_acc_dtype(x)))
+
+
+def _mse(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    return float((x - x_hat).square().mean())
 
 
 def fvu(x: torch.Tensor, x_hat: torch.Tensor, mean_image: torch.Tensor) -> float:
@@ -139,7 +142,11 @@ def fvu(x: torch.Tensor, x_hat: torch.Tensor, mean_image: torch.Tensor) -> float
     Returns:
         Σ_n ‖x_n − x̂_n‖² / Σ_n ‖x_n − x̄‖².
     """
-    xc, hc = _centred(x, x_hat, mean_image)
+    return _fvu(*_centred(x, x_hat, mean_image))
+
+
+def _fvu(xc: torch.Tensor, hc: torch.Tensor) -> float:
+    """fvu of inputs and reconstructions centred on x̄ ([N, D] each)."""
     return float((xc - hc).square().sum() / xc.square().sum())
 
 
@@ -161,7 +168,11 @@ def recon_bias(x: torch.Tensor, x_hat: torch.Tensor, mean_image: torch.Tensor) -
     Returns:
         Σ_n ‖x̂_n − x̄‖² / Σ_n ⟨x̂_n − x̄, x_n − x̄⟩.
     """
-    xc, hc = _centred(x, x_hat, mean_image)
+    return _recon_bias(*_centred(x, x_hat, mean_image))
+
+
+def _recon_bias(xc: torch.Tensor, hc: torch.Tensor) -> float:
+    """recon_bias of inputs and reconstructions centred on x̄ ([N, D] each)."""
     return float(hc.square().sum() / (hc * xc).sum())
 
 
@@ -342,14 +353,18 @@ def summarize(
     codes = _codes(codes)
     if codes.shape[0] != x.shape[0]:
         raise ValueError(f"{codes.shape[0]} code rows for {x.shape[0]} inputs")
-    f = fvu(x, x_hat, mean_image)
+    x, x_hat = _pair(x, x_hat)
+    m = _image(mean_image, x, "mean_image")
+    xa, ha = x.to(m.dtype), x_hat.to(m.dtype)  # converted once for all three (large sets)
+    xc, hc = xa - m, ha - m
+    f = _fvu(xc, hc)
     counts = l0(codes, threshold).to(torch.float64)
     freq = firing_frequency(codes, threshold)
     return {
-        "mse": mse(x, x_hat),
+        "mse": _mse(xa, ha),
         "fvu": f,
         "explained_variance": 1.0 - f,
-        "recon_bias": recon_bias(x, x_hat, mean_image),
+        "recon_bias": _recon_bias(xc, hc),
         "l0_mean": float(counts.mean()),
         "l0_std": float(counts.std(correction=0)),
         "dead_fraction": dead_fraction(freq),
