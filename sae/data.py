@@ -179,6 +179,14 @@ class _Split:
     mean: torch.Tensor | None = None  # mean training image, computed when first asked for
     variance: float | None = None  # E‖x − x̄‖² over the training images
     pca: object = None  # sae.metrics.principal_components of the training images
+    arrays: ImageArrays | None = None  # what the split was made from
+
+    def made_from(self, arrays: ImageArrays) -> bool:
+        """Whether ``arrays`` hold what this split was made from: a caller may change the
+        arrays it was given (they are its own copy), and then the stamp no longer says it all."""
+        mine = self.arrays
+        return mine is not None and all(np.array_equal(getattr(mine, k), getattr(arrays, k))
+                                        for k in IDX_FILES)
 
 
 _SPLITS: dict[tuple, _Split] = {}  # (files' stamp, split settings) -> the split, both datasets
@@ -378,8 +386,9 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
             raise DataSourceError(f"val_size {self.val_size} must be in (0, {n_train})")
         key = (arrays.stamp, self.val_size, self.split_seed, self.limit_train, self.limit_test)
         split = _SPLITS.get(key) if arrays.stamp else None
-        if split is None:
+        if split is None or not split.made_from(arrays):
             split = self._split(arrays)
+            split.arrays = arrays
             if arrays.stamp:  # arrays of unknown origin: nothing to share
                 while len(_SPLITS) >= 2:
                     _SPLITS.pop(next(iter(_SPLITS)))

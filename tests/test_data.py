@@ -115,9 +115,11 @@ def test_datamodule_split_is_fixed_and_disjoint(tmp_path):
     assert sum(len(b[0]) for b in a.val_dataloader()) == 10
 
 
-def test_modules_of_one_split_share_its_tensors_until_the_files_change(tmp_path):
+def test_modules_of_one_split_share_its_tensors_until_the_files_change(tmp_path, monkeypatch):
     """A sweep worker's runs and analyses share one copy of a split; other split settings and
     rewritten files get their own, and the shared moments are those of the training images."""
+    from sae import data
+
     write_dataset(tmp_path / "mnist", n_train=50, n_test=12)
 
     def module(**split):
@@ -135,6 +137,17 @@ def test_modules_of_one_split_share_its_tensors_until_the_files_change(tmp_path)
     other = module(val_size=20)
     assert other.train_x is not a.train_x and other.train_x.shape == (30, 784)
     assert module(limit_train=5).train_x.shape == (5, 784)
+    real = data.load_arrays  # a caller that changes the arrays it was given gets its own split
+
+    def relabelled(*args, **kwargs):
+        arrays = real(*args, **kwargs)
+        arrays.test_labels[:3] = 9 - arrays.test_labels[:3]
+        return arrays
+
+    monkeypatch.setattr(data, "load_arrays", relabelled)
+    changed = module()
+    assert changed.test_y is not a.test_y and torch.equal(changed.test_y[:3], 9 - a.test_y[:3])
+    monkeypatch.setattr(data, "load_arrays", real)
     arrays = write_dataset(tmp_path / "mnist", n_train=50, n_test=12, seed=1)
     os.utime(tmp_path / "mnist" / IDX_FILES["test_images"], ns=(1, 1))  # a new stamp, surely
     fresh = module()
