@@ -438,7 +438,8 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
     @property
     def train_variance(self) -> float:
         """E‖x − x̄‖² over the training images: the scale the models' losses are divided by."""
+        mean = self.train_mean  # loads the split first
         if self._shared.variance is None:
-            self._shared.variance = float((self.train_x - self.train_mean).pow(2).sum(-1).mean())
+            self._shared.variance = float((self.train_x - mean).pow(2).sum(-1).mean())
         return self._shared.variance
 
