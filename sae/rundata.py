@@ -85,14 +85,16 @@ def check_sweep_data(sweep_dir: Path, runs) -> None:
     """Check each data file of a sweep's runs once, and refuse a sweep whose started runs were
     trained on other data than their file holds now (a changed file would mix two data sets in
     one table). Raises UsageError."""
-    from sae.matrix import MatrixError
-    from sae.matrixdata import checked
-
     records: dict[str, dict] = {}
     for run in runs:
         data = run.settings.get("data")
         if not data:
             continue
+        # imported only for --data runs: it brings Lightning, which an image sweep's process
+        # would otherwise import before its workers start
+        from sae.matrix import MatrixError
+        from sae.matrixdata import checked
+
         if data not in records:
             try:
                 records[data] = checked(data, run.settings.get("data_dir"))[1]

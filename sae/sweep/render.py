@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from sae.io import write_text
+from sae.io import write_bytes, write_text
 from sae.metric_defs import METRIC
 from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes, read_json
 from sae.sweep.launch import run_state
@@ -360,10 +360,13 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
         "l0_ink_correlation.png": lambda: plots.l0_ink_correlation(results),
     }
     pngs = {}
-    for name, make in made.items():
+    for name, make in made.items():  # drawn once: the page embeds the bytes the file holds
         fig = make()
-        pngs[name] = figures.figure_to_png_bytes(fig)
-        written.append(figures.save_png(fig, sweep_dir / name))
+        try:
+            pngs[name] = figures.figure_to_png_bytes(fig)
+        finally:
+            fig.clear()
+        written.append(write_bytes(sweep_dir / name, pngs[name]))
     n_done = len(results)
     links = related_links(sweep_dir, sweep.datasets, results)
     md = sweep_dir / "comparison.md"
