@@ -12,7 +12,7 @@ from sae.models import SAEConfig, build_model, encode_dataset
 from sae.models import sparsemax as sparsemax_module
 from sae.models.gates import rectangle_kernel, support_gate
 
-TEMPERATURES = ("global", "learned", "normalized")
+TEMPERATURES = ("global", "learned", "normalized", "energy")
 
 
 def model64(temperature="global", values="shrunk", name="sparsemax", hidden=32, groups=1,
@@ -25,6 +25,9 @@ def model64(temperature="global", values="shrunk", name="sparsemax", hidden=32, 
     if temperature == "learned":
         with torch.no_grad():
             model.temperature_head.weight.normal_(0, 0.3)
+    if temperature == "energy":
+        with torch.no_grad():
+            model.energy_exponent.normal_(0, 0.7)
     return model
 
 
@@ -78,6 +81,34 @@ def test_learned_temperature_is_T_times_exp_of_the_input_head(groups):
     u = model.temperature_head.weight  # [G, D]
     expected = model.log_temperature.exp() * torch.exp(x_c @ u.t())
     torch.testing.assert_close(model.temperature(a, x_c), expected)
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_energy_temperature_is_the_normalized_one_times_a_power_of_the_input_norm(groups):
+    x = 3.0 * torch.rand(16, 20, dtype=torch.float64)
+    models = {}
+    for temperature in ("normalized", "energy"):
+        torch.manual_seed(0)
+        config = SAEConfig(input_dim=20, hidden=32, groups=groups, temperature=temperature)
+        models[temperature] = build_model(config, torch.rand(20), 2.0).double()
+    normalized, energy = models["normalized"], models["energy"]
+    assert torch.equal(normalized(x)[1], energy(x)[1])  # γ starts at 0: exactly normalized
+    with torch.no_grad():
+        energy.energy_exponent.copy_(torch.linspace(-0.5, 1.5, groups, dtype=torch.float64))
+    a, x_c = energy.pre_activations(x)
+    norm = x_c.norm(dim=-1, keepdim=True) / 2.0**0.5  # ν = sqrt(v), v = 2
+    torch.testing.assert_close(energy.temperature(a, x_c),
+                               normalized.temperature(a, x_c) * norm ** energy.energy_exponent)
+    # the support still ignores the scores' scale, and now grows with the input's energy (γ > 0)
+    with torch.no_grad():
+        energy.energy_exponent.fill_(1.0)
+    torch.testing.assert_close(energy.code(3.0 * a + 0.7, x_c)[1]["p"], energy.code(a, x_c)[1]["p"])
+    small, large = (energy.code(a, c * x_c)[1]["p"] > 0 for c in (0.5, 2.0))
+    assert large.sum() > small.sum()
+    # and γ learns: the loss's gradient reaches it
+    x_hat, h, extras = energy(x)
+    (energy.recon_loss(x, x_hat) + energy.penalty(h, extras)).backward()
+    assert energy.energy_exponent.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("groups", [1, 4])
@@ -226,7 +257,8 @@ def test_a_unit_just_outside_the_support_returns_under_unshrunk_ste(temperature)
         if values == "unshrunk-ste":
             assert float(model.recon_loss(x, model(x)[0]).detach()) < before
     assert fired["unshrunk-ste"] == 1, fired
-    if temperature != "normalized":  # there a unit's score also moves the spread T(x) divides by
+    if temperature not in ("normalized", "energy"):  # there a unit's score also moves the spread
+        # T(x) divides by
         assert fired["unshrunk"] == 0  # no gradient reaches a unit off the support
 
 
@@ -305,6 +337,7 @@ def test_unshrunk_values_start_with_the_shrunk_codes_mass(temperature):
 
 @pytest.mark.parametrize("temperature, values, scaled", [
     ("global", "shrunk", False), ("learned", "shrunk", False), ("normalized", "shrunk", True),
+    ("energy", "shrunk", True),
     ("global", "unshrunk-ste", True), ("learned", "unshrunk-ste", True)])
 def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, values, scaled):
     model = model64(temperature, values=values)

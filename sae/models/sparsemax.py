@@ -55,6 +55,13 @@ class SparsemaxSAE(SparseAutoencoder):
       7 % of the units on the support (Σ_j (z_j − t)₊ = T with t the 93 % quantile). Rescaling
       the encoder no longer changes the support, so T is what sizes it, and log T learns
       ``TEMPERATURE_LR_SCALE`` times faster (``param_groups``).
+    - ``energy``: T_g(x) = T_g · σ_g(a) · (‖x − b_dec‖ / ν)^γ_g, the normalized temperature
+      times a learned power γ_g of the input's energy, ν = sqrt(v) the typical norm of a centred
+      input. γ starts at 0, so training starts exactly as ``normalized``. The normalized
+      support sees only the shape of the scores, so it follows how hard an input is *relative*
+      to its own energy; the reconstruction error it pays is absolute, and an active unit
+      removes more of it from an input with more energy. With γ > 0 the support grows with the
+      energy, as a fixed threshold's (BatchTopK's, JumpReLU's) does, and training sets γ.
 
     ``global`` and ``learned`` start at T₀ = 25 sqrt(v / D), some 5-10 % of the units active with
     the tied init.
@@ -127,6 +134,7 @@ class SparsemaxSAE(SparseAutoencoder):
     # faster too
     TEMPERATURE_LR_SCALE = 10.0
     NORMALIZED_T0 = 0.03  # normalized temperature: T₀ = 0.03 n (7 % of normal scores active)
+    SPREAD_MODES = ("normalized", "energy")  # temperatures that divide by the scores' spread
 
     def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
                  init_inputs=None):
@@ -139,12 +147,15 @@ class SparsemaxSAE(SparseAutoencoder):
         nn.init.zeros_(self.scale_head.weight)
         nn.init.constant_(self.scale_head.bias, softplus_inverse(math.sqrt(data_var)))
         t0 = 25.0 * math.sqrt(data_var / config.input_dim)
-        if self.temperature_mode == "normalized":
+        if self.temperature_mode in self.SPREAD_MODES:
             t0 = self.NORMALIZED_T0 * (config.hidden // config.groups)
         self.log_temperature = nn.Parameter(torch.full((config.groups,), math.log(t0)))
         if self.temperature_mode == "learned":  # log T(x) = log T + u · (x − b_dec), u from 0
             self.temperature_head = nn.Linear(config.input_dim, config.groups, bias=False)
             nn.init.zeros_(self.temperature_head.weight)
+        if self.temperature_mode == "energy":  # T(x) ∝ (‖x − b_dec‖ / ν)^γ, γ from 0
+            self.energy_exponent = nn.Parameter(torch.zeros(config.groups))
+            self.energy_norm = math.sqrt(data_var)
         # the smallest score spread the normalized temperature divides by
         self.min_spread = 1e-6 * math.sqrt(data_var / config.input_dim)
         if self.values_mode != "shrunk" and init_inputs is not None:
@@ -170,11 +181,12 @@ class SparsemaxSAE(SparseAutoencoder):
         """log T learns ``TEMPERATURE_LR_SCALE`` times faster where T is what sizes the support:
         with ``unshrunk-ste`` and with the ``normalized`` temperature (whose scores ignore the
         encoder's scale); ``global`` and ``learned`` with shrunk values keep the base lr."""
-        if self.values_mode != "unshrunk-ste" and self.temperature_mode != "normalized":
+        if self.values_mode != "unshrunk-ste" and self.temperature_mode not in self.SPREAD_MODES:
             return super().param_groups()
-        rest = [p for name, p in self.named_parameters() if name != "log_temperature"]
-        return [{"params": rest},
-                {"params": [self.log_temperature],
+        fast = ("log_temperature", "energy_exponent")  # what sizes every input's support
+        named = dict(self.named_parameters())
+        return [{"params": [p for name, p in named.items() if name not in fast]},
+                {"params": [named[name] for name in fast if name in named],
                  "lr": self.config.lr * self.TEMPERATURE_LR_SCALE}]
 
     def support_map(self, a: Tensor) -> Tensor:
@@ -187,9 +199,12 @@ class SparsemaxSAE(SparseAutoencoder):
         if mode == "learned":
             return (self.log_temperature + self.temperature_head(x_centred)).exp()
         T = self.log_temperature.exp().expand(len(a), -1)
-        if mode == "normalized":
+        if mode in self.SPREAD_MODES:
             spread = a.view(len(a), self.config.groups, -1).std(-1, correction=0)
-            return T * spread.clamp_min(self.min_spread)
+            T = T * spread.clamp_min(self.min_spread)
+        if mode == "energy":
+            norm = x_centred.norm(dim=-1, keepdim=True) / self.energy_norm  # [B, 1]
+            T = T * torch.exp(self.energy_exponent * norm.clamp_min(1e-6).log())
         return T
 
     def scores(self, a: Tensor, x_centred: Tensor) -> Tensor:
@@ -208,21 +223,21 @@ class SparsemaxSAE(SparseAutoencoder):
         of the support's typical share E_p[p], so that it enters the support on its input and
         on inputs like it, not on every input (the bias does not depend on the input).
         The global and learned temperatures do not depend on the bias, so one step is exact;
-        the normalized one includes the new scores in its spread, and the bias is its fixed
-        point, found by iterating to rounding level (each step moves one of n scores, so the
-        spread changes by O(1/n) and the iteration contracts fast).
+        the normalized and energy ones include the new scores in their spread, and the bias is
+        its fixed point, found by iterating to rounding level (each step moves one of n scores,
+        so the spread changes by O(1/n) and the iteration contracts fast).
         """
         G, n = self.config.groups, len(idx)
         rows, group = torch.arange(n, device=idx.device), idx // (self.config.hidden // G)
         a, x_centred = self.pre_activations(inputs)  # [n, H]
         without_bias = a[:, idx] - self.b_enc[idx]  # [n inputs, n new units]
         bias = self.b_enc[idx].clone()
-        if self.temperature_mode == "normalized":
+        if self.temperature_mode in self.SPREAD_MODES:
             # start each new score at its group's median score: a far-off old bias (a unit
             # pushed to -1e4) would otherwise dominate the spread and slow the iteration
             median = a.view(n, G, -1).median(-1).values[rows, group]
             bias = median - without_bias[rows, rows]
-        for _ in range(1 if self.temperature_mode != "normalized" else 100):
+        for _ in range(100 if self.temperature_mode in self.SPREAD_MODES else 1):
             a[:, idx] = without_bias + bias
             T = self.temperature(a, x_centred)  # [n, G]
             scores = a.view(n, G, -1) / T[..., None]
