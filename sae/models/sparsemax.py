@@ -58,10 +58,10 @@ class SparsemaxSAE(SparseAutoencoder):
     - ``energy``: T_g(x) = T_g · σ_g(a) · (‖x − b_dec‖ / ν)^γ_g, the normalized temperature
       times a learned power γ_g of the input's energy, ν = sqrt(v) the typical norm of a centred
       input. γ starts at 0, so training starts exactly as ``normalized``. The normalized
-      support sees only the shape of the scores, so it follows how hard an input is *relative*
-      to its own energy; the reconstruction error it pays is absolute, and an active unit
-      removes more of it from an input with more energy. With γ > 0 the support grows with the
-      energy, as a fixed threshold's (BatchTopK's, JumpReLU's) does, and training sets γ.
+      support sees only the shape of the scores, so its L0 follows the input's energy only as
+      far as that shape does; a fixed threshold's (BatchTopK's, JumpReLU's) L0 also grows with
+      the scores' scale. With γ > 0 the support grows with the energy through the temperature,
+      and training sets γ (the README gives what it chose).
 
     ``global`` and ``learned`` start at T₀ = 25 sqrt(v / D), some 5-10 % of the units active with
     the tied init.
