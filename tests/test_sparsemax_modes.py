@@ -346,6 +346,8 @@ def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, v
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     factor = model.TEMPERATURE_LR_SCALE if scaled else 1.0
     assert lr[id(model.log_temperature)] == pytest.approx(model.config.lr * factor)
+    if temperature == "energy":  # γ sizes every input's support as T does
+        assert lr[id(model.energy_exponent)] == pytest.approx(model.config.lr * factor)
     assert lr[id(model.W_enc)] == pytest.approx(model.config.lr)
 
 

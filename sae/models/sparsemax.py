@@ -178,9 +178,10 @@ class SparsemaxSAE(SparseAutoencoder):
             self.scale_head.bias[g] = softplus_inverse(r0 / max(m, 1e-3))
 
     def param_groups(self) -> list[dict]:
-        """log T learns ``TEMPERATURE_LR_SCALE`` times faster where T is what sizes the support:
-        with ``unshrunk-ste`` and with the ``normalized`` temperature (whose scores ignore the
-        encoder's scale); ``global`` and ``learned`` with shrunk values keep the base lr."""
+        """log T (and the energy temperature's γ) learns ``TEMPERATURE_LR_SCALE`` times faster
+        where T is what sizes the support: with ``unshrunk-ste`` and with the ``normalized`` and
+        ``energy`` temperatures (whose scores ignore the encoder's scale); ``global`` and
+        ``learned`` with shrunk values keep the base lr."""
         if self.values_mode != "unshrunk-ste" and self.temperature_mode not in self.SPREAD_MODES:
             return super().param_groups()
         fast = ("log_temperature", "energy_exponent")  # what sizes every input's support
