@@ -155,7 +155,6 @@ class SparsemaxSAE(SparseAutoencoder):
             nn.init.zeros_(self.temperature_head.weight)
         if self.temperature_mode == "energy":  # T(x) ∝ (‖x − b_dec‖ / ν)^γ, γ from 0
             self.energy_exponent = nn.Parameter(torch.zeros(config.groups))
-            self.energy_norm = math.sqrt(data_var)
         # the smallest score spread the normalized temperature divides by
         self.min_spread = 1e-6 * math.sqrt(data_var / config.input_dim)
         if self.values_mode != "shrunk" and init_inputs is not None:
@@ -204,8 +203,8 @@ class SparsemaxSAE(SparseAutoencoder):
             spread = a.view(len(a), self.config.groups, -1).std(-1, correction=0)
             T = T * spread.clamp_min(self.min_spread)
         if mode == "energy":
-            norm = x_centred.norm(dim=-1, keepdim=True) / self.energy_norm  # [B, 1]
-            T = T * torch.exp(self.energy_exponent * norm.clamp_min(1e-6).log())
+            norm = x_centred.norm(dim=-1, keepdim=True) / self.data_var.sqrt()  # [B, 1], ν = √v
+            T = T * norm.clamp_min(1e-6).pow(self.energy_exponent)
         return T
 
     def scores(self, a: Tensor, x_centred: Tensor) -> Tensor:
