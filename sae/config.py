@@ -67,7 +67,7 @@ class SAEConfig:
                                "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
                                "the spread (std) of the input's scores over the group's "
                                "units; energy, normalized times (‖x − b_dec‖ / ν)^γ with γ "
-                               "learned from 0",
+                               "learned from 0, sizing the support only",
                                choices=("auto", "global", "learned", "normalized", "energy"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",

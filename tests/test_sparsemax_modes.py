@@ -111,6 +111,32 @@ def test_energy_temperature_is_the_normalized_one_times_a_power_of_the_input_nor
     assert energy.energy_exponent.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("values", ["unshrunk", "unshrunk-ste"])
+def test_the_energy_power_sizes_the_support_and_leaves_unshrunk_values_alone(values):
+    # unshrunk values are r·ReLU(a / (T σ(a))) on the support, the normalized model's values: if
+    # the power also divided them, γ would learn the values' scale through it, not the support
+    x = 3.0 * torch.rand(16, 20, dtype=torch.float64)
+    models = {}
+    for temperature in ("normalized", "energy"):
+        models[temperature] = model64(temperature, values=values, groups=2)
+        moderate(models[temperature], x)
+    normalized, energy = models["normalized"], models["energy"]
+    with torch.no_grad():
+        energy.load_state_dict(normalized.state_dict(), strict=False)
+        energy.energy_exponent.copy_(torch.tensor([0.8, -0.4], dtype=torch.float64))
+    h_norm, h_energy = normalized.encode(x), energy.encode(x)
+    both = (h_norm > 0) & (h_energy > 0)
+    assert not torch.equal(h_norm > 0, h_energy > 0)  # the power moved the support ...
+    assert both.sum() > 10
+    torch.testing.assert_close(h_energy[both], h_norm[both])  # ... and no value on it
+    # no gradient reaches γ but through the support's gate
+    a, x_c = energy.pre_activations(x)
+    s, p, _ = margins(energy, a, x_c)
+    values_only = energy.value_scores(a, x_c, s).relu() * (p > 0)
+    values_only.sum().backward()
+    assert energy.energy_exponent.grad is None or not energy.energy_exponent.grad.any()
+
+
 @pytest.mark.parametrize("groups", [1, 4])
 def test_normalized_support_ignores_the_scores_scale_and_shift(groups):
     # the global temperature's fault: scores twice as large give a smaller support

@@ -61,7 +61,12 @@ class SparsemaxSAE(SparseAutoencoder):
       support sees only the shape of the scores, so its L0 follows the input's energy only as
       far as that shape does; a fixed threshold's (BatchTopK's, JumpReLU's) L0 also grows with
       the scores' scale. With γ > 0 the support grows with the energy through the temperature,
-      and training sets γ (the README gives what it chose).
+      and training sets γ (the README gives what it chose). The power sizes the support only:
+      unshrunk values stay r·ReLU(a / (T_g σ_g(a))), the normalized temperature's
+      (``value_scores``). Had it divided the values too, γ would also have learned their scale,
+      which r already carries, and training drove it below 0 (fewer units for inputs with
+      more energy), the opposite of what a fixed threshold does; with shrunk values, h = r·p,
+      it cannot be kept out of them.
 
     ``global`` and ``learned`` start at T₀ = 25 sqrt(v / D), some 5-10 % of the units active with
     the tied init.
@@ -193,8 +198,8 @@ class SparsemaxSAE(SparseAutoencoder):
         """Scores [B, H] -> p [B, H], each group of H/G entries on the simplex."""
         return sparsemax(a, dim=-1, groups=self.config.groups)
 
-    def temperature(self, a: Tensor, x_centred: Tensor) -> Tensor:
-        """The temperature T_g(x) of each input and group, [B, G] (see ``temperature``)."""
+    def value_temperature(self, a: Tensor, x_centred: Tensor) -> Tensor:
+        """The temperature without the energy power, [B, G]: what scales unshrunk values."""
         mode = self.temperature_mode
         if mode == "learned":
             return (self.log_temperature + self.temperature_head(x_centred)).exp()
@@ -202,14 +207,26 @@ class SparsemaxSAE(SparseAutoencoder):
         if mode in self.SPREAD_MODES:
             spread = a.view(len(a), self.config.groups, -1).std(-1, correction=0)
             T = T * spread.clamp_min(self.min_spread)
-        if mode == "energy":
+        return T
+
+    def temperature(self, a: Tensor, x_centred: Tensor) -> Tensor:
+        """The temperature T_g(x) of each input and group, [B, G] (see ``temperature``)."""
+        T = self.value_temperature(a, x_centred)
+        if self.temperature_mode == "energy":
             norm = x_centred.norm(dim=-1, keepdim=True) / self.data_var.sqrt()  # [B, 1], ν = √v
             T = T * norm.clamp_min(1e-6).pow(self.energy_exponent)
         return T
 
     def scores(self, a: Tensor, x_centred: Tensor) -> Tensor:
-        """s = a / T(x), [B, G, H/G]."""
+        """s = a / T(x), [B, G, H/G]: the scores whose sparsemax is the support."""
         return a.view(len(a), self.config.groups, -1) / self.temperature(a, x_centred)[..., None]
+
+    def value_scores(self, a: Tensor, x_centred: Tensor, s: Tensor) -> Tensor:
+        """The scores unshrunk values carry, [B, G, H/G]: s itself, but for the energy
+        temperature a / (T σ(a)) without the energy power, which sizes the support only."""
+        if self.temperature_mode != "energy":
+            return s
+        return a.view_as(s) / self.value_temperature(a, x_centred)[..., None]
 
     @torch.no_grad()
     def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
@@ -269,11 +286,11 @@ class SparsemaxSAE(SparseAutoencoder):
             # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value
             # is offset by the threshold; the support is still sparsemax's, and the penalty on
             # p still sets its size
-            values = F.relu(s) * (p > 0)
+            values = F.relu(self.value_scores(a, x_centred, s)) * (p > 0)
         extras = {"p": p.view_as(a)}
         if self.values_mode == "unshrunk-ste":  # the same, with a gradient near the support
             extras["gate"] = self.gate(s, p)
-            values = F.relu(s) * extras["gate"]
+            values = F.relu(self.value_scores(a, x_centred, s)) * extras["gate"]
         h = (values * r.unsqueeze(-1)).view_as(a)
         return h, extras
 
