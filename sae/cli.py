@@ -22,7 +22,15 @@ from pathlib import Path
 
 import yaml
 
-from sae.config import FIXED_BUDGET, SECTIONS, RunConfig, RunFolderConfig, SAEConfig
+from sae.config import (
+    FIXED_BUDGET,
+    SECTIONS,
+    RunConfig,
+    RunFolderConfig,
+    SAEConfig,
+    pin_auto,
+    saved_auto,
+)
 from sae.io import write_text
 from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
@@ -360,9 +368,10 @@ def resolve_settings(argv: list[str]) -> argparse.Namespace:
             raise UsageError(f"cannot resume: {out} is a file, not a run folder")
         if not saved.is_file():
             raise UsageError(f"cannot resume: {saved} does not exist")
-        settings.update(read_settings_file(saved))
+        settings.update(saved_auto(read_settings_file(saved)))
         settings["out"] = str(out)
     settings.update(explicit)
+    settings = pin_auto(settings)  # config.yaml and the checkpoint save the mode, not auto
     if settings.get("out") is None:
         settings["out"] = os.environ.get(RUN_DIR_ENV) or str(
             Path("runs") / f"{_data_label(settings)}-{settings['model']}-"

@@ -15,7 +15,7 @@ layer (:func:`sae.cli.run_config`) builds them once and training and sweeps read
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from sae.setting import check_fields, setting
 from sae.variants import AUTO_DEFAULTS, FIXED_BUDGET, MODELS, models_using, variant
@@ -29,6 +29,13 @@ __all__ = [
 
 # settings a configuration saved before they existed had, with the value they had then
 SAVED_BEFORE = {"values": "shrunk", "temperature": "global"}
+# the settings whose ``auto`` a configuration saves resolved (``pin_auto``), so that a later
+# change of default leaves what was trained as it was; and what a saved ``auto`` meant, from
+# configurations saved before that: then the Sparsemax-SAE's auto temperature was normalized
+PINNED = ("temperature", "values")
+SAVED_AUTO = {"sparsemax": {"temperature": "normalized", "values": "unshrunk-ste"},
+              "entmax": {"temperature": "global"}}
+
 DEAD_GUARDS = ("none", "resample", "auxk")
 DATASETS = ("mnist", "fashion-mnist")
 PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitted with
@@ -36,6 +43,24 @@ PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitt
 PRECISIONS = ("64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true",
               "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+
+
+def pin_auto(settings: dict) -> dict:
+    """The settings with each ``PINNED`` ``auto`` that the model uses replaced by what it
+    resolves to now (``sae.variants``): what a new run saves."""
+    model = settings.get("model")
+    if model not in MODELS:
+        return dict(settings)
+    uses = variant(model).settings
+    return {**settings, **{k: variant(model).resolved(k) for k in PINNED
+                           if k in uses and settings.get(k) == "auto"}}
+
+
+def saved_auto(settings: dict) -> dict:
+    """The settings of a saved configuration (a checkpoint's, a run's config.yaml) with each
+    ``auto`` read as what it meant when configurations still saved it (``SAVED_AUTO``)."""
+    meant = SAVED_AUTO.get(settings.get("model"), {})
+    return {**settings, **{k: v for k, v in meant.items() if settings.get(k) == "auto"}}
 
 
 @dataclass
@@ -62,7 +87,7 @@ class SAEConfig:
                           "support gate reaches units near the threshold)",
                           choices=("auto", "shrunk", "unshrunk", "unshrunk-ste"))
     temperature: str = setting("auto", "sparsemax/entmax: the temperature T of the support "
-                               "map(a / T); auto = normalized for sparsemax, global for "
+                               "map(a / T); auto = energy for sparsemax, global for "
                                "entmax; global, one learned T per group; learned, "
                                "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
                                "the spread (std) of the input's scores over the group's "
@@ -105,11 +130,18 @@ class SAEConfig:
     @classmethod
     def from_dict(cls, values: dict) -> SAEConfig:
         """The configuration a checkpoint or run folder saved. A setting it lacks was saved
-        before that setting existed and takes the value it had then (``SAVED_BEFORE``), not
-        today's default: an old Sparsemax-SAE checkpoint stays the model it was."""
+        before that setting existed and takes the value it had then (``SAVED_BEFORE``), and a
+        saved ``auto`` what it meant then (``SAVED_AUTO``), not today's default: an old
+        Sparsemax-SAE checkpoint stays the model it was."""
         names = {f.name for f in fields(cls)}
-        known = {**SAVED_BEFORE, **values}
+        known = saved_auto({**SAVED_BEFORE, **values})
         return cls(**{k: v for k, v in known.items() if k in names})
+
+    def pinned(self) -> SAEConfig:
+        """This configuration with each ``PINNED`` ``auto`` replaced by the mode it resolves to
+        now (``pin_auto``): what a model saves in its checkpoint."""
+        return replace(self, **{k: v for k, v in pin_auto(asdict(self)).items()
+                                if k in PINNED})
 
     def resolved_dead_guard(self) -> str:
         if self.dead_guard != "auto":
@@ -125,8 +157,9 @@ class SAEConfig:
         return self._resolved("values")
 
     def resolved_temperature(self) -> str:
-        """``auto``: the normalized per-input temperature for the Sparsemax-SAE, the global one
-        for entmax (chosen by the candidate comparisons; see the README)."""
+        """``auto``: the energy temperature for the Sparsemax-SAE (a configuration saved with
+        ``auto`` before it became the default: the normalized one, ``SAVED_AUTO``), the global
+        one for entmax (chosen by the candidate comparisons; see the README)."""
         return self._resolved("temperature")
 
     def resolved_init(self) -> str:

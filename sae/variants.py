@@ -115,7 +115,7 @@ register(Variant("l1", "sae.models.l1:L1SAE"))
 register(Variant("kl", "sae.models.kl:KLSAE", settings=("rho", "kl_threshold")))
 register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
                  settings=("values", *_SUPPORT_MAP),
-                 auto={"values": "unshrunk-ste", "temperature": "normalized", "init": "data"}))
+                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data"}))
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))
 register(Variant("topk", "sae.models.topk:TopKSAE", budget="fixed"))

@@ -6,6 +6,7 @@ from dataclasses import asdict
 import lightning.pytorch as L
 import pytest
 import torch
+import yaml
 
 from sae import metrics
 from sae.models import SAEConfig, build_model, encode_dataset
@@ -379,16 +380,52 @@ def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, v
 
 # ---- the default and configurations saved before it ------------------------------------------
 
-def test_the_default_is_the_normalized_temperature_with_values_that_grow_back():
+def test_the_default_is_the_energy_temperature_with_values_that_grow_back():
     default = SAEConfig()
     assert (default.resolved_temperature(), default.resolved_values()) == (
-        "normalized", "unshrunk-ste")
+        "energy", "unshrunk-ste")
     entmax = SAEConfig(model="entmax")
     assert (entmax.resolved_temperature(), entmax.resolved_values()) == ("global", "shrunk")
     for name in ("l1", "topk"):  # auto is valid for every model; a named mode is not
         SAEConfig(model=name).validate()
         with pytest.raises(ValueError, match="applies to --model sparsemax"):
             SAEConfig(model=name, values="unshrunk").validate()
+
+
+def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meaning(tmp_path):
+    from sae.cli import config_file_dict, resolve_settings, run_config
+    from sae.config import pin_auto
+
+    # a new run pins auto: its config.yaml and checkpoint name the mode, not auto
+    for model, expected in (("sparsemax", ("energy", "unshrunk-ste")),
+                            ("entmax", ("global", "auto")), ("l1", ("auto", "auto"))):
+        sae = run_config(["--model", model, "--out", str(tmp_path / model)]).sae
+        assert (sae.temperature, sae.values) == expected, model
+        sae.validate()
+    # so does a model built from the Python API: its checkpoint names the modes
+    built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
+    assert built.hparams["config"]["temperature"] == "energy"
+    assert built.hparams["config"]["values"] == "unshrunk-ste"
+    assert pin_auto({"model": "sparsemax", "temperature": "learned", "values": "auto"}) == {
+        "model": "sparsemax", "temperature": "learned", "values": "unshrunk-ste"}
+    # a checkpoint saved with auto was saved when auto meant the normalized temperature
+    saved = {**asdict(SAEConfig(input_dim=20, hidden=32)), "temperature": "auto", "values": "auto"}
+    old = SAEConfig.from_dict(saved)
+    assert (old.resolved_temperature(), old.resolved_values()) == ("normalized", "unshrunk-ste")
+    model = build_model(old, torch.rand(20), 2.0)
+    assert model.temperature_mode == "normalized" and not hasattr(model, "energy_exponent")
+    assert SAEConfig.from_dict({**saved, "model": "entmax"}).resolved_temperature() == "global"
+    # and so is a run folder's config.yaml read back by --resume
+    folder = tmp_path / "old-run"
+    folder.mkdir()
+    settings = {**vars(resolve_settings(["--model", "sparsemax", "--out", str(folder)])),
+                "temperature": "auto", "values": "auto"}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config_file_dict(settings)))
+    resumed = resolve_settings(["--out", str(folder), "--resume"])
+    assert (resumed.temperature, resumed.values) == ("normalized", "unshrunk-ste")
+    # a flag given with --resume still wins
+    assert resolve_settings(["--out", str(folder), "--resume", "--temperature",
+                             "global"]).temperature == "global"
 
 
 def test_a_configuration_saved_before_the_modes_existed_keeps_its_design():

@@ -59,6 +59,7 @@ class SparseAutoencoder(L.LightningModule):
     def __init__(self, config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
                  init_inputs: Tensor | None = None):
         super().__init__()
+        config = config.pinned()  # the checkpoint names the modes auto meant at training time
         self.config = config
         self.save_hyperparameters({"config": asdict(config), "data_var": float(data_var)})
         D, H = config.input_dim, config.hidden

@@ -34,9 +34,9 @@ class SparsemaxSAE(SparseAutoencoder):
     (L0 ≈ 6 of 512 after an epoch on MNIST). The code carries magnitude through r (Σ_j h_j = r,
     and any non-negative h can be written this way), which a raw sparsemax code cannot (Σ p = 1).
 
-    ``--model sparsemax`` defaults (``auto``) to the normalized temperature with ``unshrunk-ste``
-    values, chosen by comparing every combination at equal L0; ``EntmaxSAE`` keeps the global
-    temperature and shrunk values.
+    ``--model sparsemax`` defaults (``auto``) to the energy temperature with ``unshrunk-ste``
+    values, chosen by comparing the candidates at equal L0 (the README gives the runs);
+    ``EntmaxSAE`` keeps the global temperature and shrunk values.
 
     **Temperature** (``temperature``), with a learned T_g = exp(log T_g) per group in every mode:
 
