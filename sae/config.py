@@ -92,8 +92,15 @@ class SAEConfig:
                                "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
                                "the spread (std) of the input's scores over the group's "
                                "units; energy, normalized times (‖x − b_dec‖ / ν)^γ with γ "
-                               "learned from 0, sizing the support only",
+                               "learned from 0 (--energy-power, --energy-power-mode), sizing "
+                               "the support only",
                                choices=("auto", "global", "learned", "normalized", "energy"))
+    energy_power: float = setting(0.0, "sparsemax, energy temperature: the power γ of the "
+                                  "input's energy in T(x), its start value when learned",
+                                  low=-4, high=4)
+    energy_power_mode: str = setting("learn", "sparsemax, energy temperature: learn γ from "
+                                     "--energy-power, or keep it fixed there",
+                                     choices=("learn", "fixed"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
@@ -208,6 +215,10 @@ class SAEConfig:
                  f"--{name} {value} applies to --model {' and '.join(models)}")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
+        energy = self.model == "sparsemax" and self.resolved_temperature() == "energy"
+        need(energy or (self.energy_power == 0 and self.energy_power_mode == "learn"),
+             "--energy-power and --energy-power-mode apply to --model sparsemax with the energy "
+             "temperature")
 
 
 @dataclass

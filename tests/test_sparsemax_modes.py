@@ -112,6 +112,42 @@ def test_energy_temperature_is_the_normalized_one_times_a_power_of_the_input_nor
     assert energy.energy_exponent.grad.abs().sum() > 0
 
 
+def test_the_energy_power_starts_where_it_is_set_and_stays_there_when_fixed():
+    from sae.checkpoints import expected_state
+
+    x = 3.0 * torch.rand(16, 20, dtype=torch.float64)
+    models = {}
+    for mode in ("learn", "fixed"):
+        torch.manual_seed(0)
+        config = SAEConfig(input_dim=20, hidden=32, groups=2, energy_power=1.5,
+                           energy_power_mode=mode)
+        config.validate()
+        models[mode] = build_model(config, torch.rand(20), 2.0).double()
+        assert torch.equal(models[mode].energy_exponent, torch.full((2,), 1.5, dtype=torch.float64))
+        # either way γ is saved with the weights, and a checkpoint of either mode loads
+        assert "energy_exponent" in models[mode].state_dict()
+        saved = models[mode].hparams["config"]  # what its checkpoint holds
+        assert set(expected_state(saved, "ckpt")) == set(models[mode].state_dict())
+    learned, fixed = models["learn"], models["fixed"]
+    assert torch.equal(learned(x)[1], fixed(x)[1])  # the same model until training moves γ
+    names = {name for name, _ in fixed.named_parameters()}
+    assert "energy_exponent" not in names and "energy_exponent" in dict(learned.named_parameters())
+    for model in (learned, fixed):
+        optimizer = model.configure_optimizers()["optimizer"]
+        for _ in range(3):
+            optimizer.zero_grad()
+            x_hat, h, extras = model(x)
+            (model.recon_loss(x, x_hat) + model.penalty(h, extras)).backward()
+            optimizer.step()
+    assert not torch.equal(learned.energy_exponent, fixed.energy_exponent)
+    assert torch.equal(fixed.energy_exponent, torch.full((2,), 1.5, dtype=torch.float64))
+    # the power only means something to the energy temperature
+    for kw in ({"temperature": "normalized", "energy_power": 1.0},
+               {"model": "entmax", "energy_power_mode": "fixed"}):
+        with pytest.raises(ValueError, match="apply to --model sparsemax with the energy"):
+            SAEConfig(**kw).validate()
+
+
 @pytest.mark.parametrize("values", ["unshrunk", "unshrunk-ste"])
 def test_the_energy_power_sizes_the_support_and_leaves_unshrunk_values_alone(values):
     # unshrunk values are r·ReLU(a / (T σ(a))) on the support, the normalized model's values: if

@@ -56,17 +56,18 @@ class SparsemaxSAE(SparseAutoencoder):
       the encoder no longer changes the support, so T is what sizes it, and log T learns
       ``TEMPERATURE_LR_SCALE`` times faster (``param_groups``).
     - ``energy``: T_g(x) = T_g · σ_g(a) · (‖x − b_dec‖ / ν)^γ_g, the normalized temperature
-      times a learned power γ_g of the input's energy, ν = sqrt(v) the typical norm of a centred
-      input. γ starts at 0, so training starts exactly as ``normalized``. The normalized
-      support sees only the shape of the scores, so its L0 follows the input's energy only as
-      far as that shape does; a fixed threshold's (BatchTopK's, JumpReLU's) L0 also grows with
-      the scores' scale. With γ > 0 the support grows with the energy through the temperature,
-      and training sets γ (the README gives what it chose). The power sizes the support only:
-      unshrunk values stay r·ReLU(a / (T_g σ_g(a))), the normalized temperature's
-      (``value_scores``). Had it divided the values too, γ would also have learned their scale,
-      which r already carries, and training drove it below 0 (fewer units for inputs with
-      more energy), the opposite of what a fixed threshold does; with shrunk values, h = r·p,
-      it cannot be kept out of them.
+      times a power γ_g of the input's energy, ν = sqrt(v) the typical norm of a centred input.
+      γ starts at ``energy_power`` (0 by default, so that training starts exactly as
+      ``normalized``) and is learned, or held there with ``energy_power_mode: fixed``. The
+      normalized support sees only the shape of the scores, so its L0 follows the input's
+      energy only as far as that shape does; a fixed threshold's (BatchTopK's, JumpReLU's) L0
+      also grows with the scores' scale. With γ > 0 the support grows with the energy through
+      the temperature, and training sets γ (the README gives what it chose, and what a fixed
+      larger γ trades). The power sizes the support only: unshrunk values stay
+      r·ReLU(a / (T_g σ_g(a))), the normalized temperature's (``value_scores``). Had it divided
+      the values too, γ would also have learned their scale, which r already carries, and
+      training drove it below 0 (fewer units for inputs with more energy), the opposite of what
+      a fixed threshold does; with shrunk values, h = r·p, it cannot be kept out of them.
 
     ``global`` and ``learned`` start at T₀ = 25 sqrt(v / D), some 5-10 % of the units active with
     the tied init.
@@ -158,8 +159,12 @@ class SparsemaxSAE(SparseAutoencoder):
         if self.temperature_mode == "learned":  # log T(x) = log T + u · (x − b_dec), u from 0
             self.temperature_head = nn.Linear(config.input_dim, config.groups, bias=False)
             nn.init.zeros_(self.temperature_head.weight)
-        if self.temperature_mode == "energy":  # T(x) ∝ (‖x − b_dec‖ / ν)^γ, γ from 0
-            self.energy_exponent = nn.Parameter(torch.zeros(config.groups))
+        if self.temperature_mode == "energy":  # T(x) ∝ (‖x − b_dec‖ / ν)^γ
+            gamma = torch.full((config.groups,), float(config.energy_power))
+            if config.energy_power_mode == "learn":
+                self.energy_exponent = nn.Parameter(gamma)
+            else:  # a buffer: saved with the weights, never trained
+                self.register_buffer("energy_exponent", gamma)
         # the smallest score spread the normalized temperature divides by
         self.min_spread = 1e-6 * math.sqrt(data_var / config.input_dim)
         if self.values_mode != "shrunk" and init_inputs is not None:
