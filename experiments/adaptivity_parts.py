@@ -49,6 +49,10 @@ def parts(folder: Path, data: DataCache) -> dict:
             "gamma": None if gamma is None else [round(g, 2) for g in gamma.tolist()]}
 
 
+def fmt(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="finished run folders")
@@ -60,10 +64,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {folder} has no checkpoints/last.ckpt", file=sys.stderr)
             return 2
         r = parts(folder, data)
-
-        def fmt(v):
-            return "–" if v is None else f"{v:.2f}"
-
         print(f"{str(folder)[-60:]:60s} {r['l0']:6.1f} {fmt(r['d']):>8s} {fmt(r['E']):>8s} "
               f"{fmt(r['d/E']):>9s}  {r['gamma'] if r['gamma'] is not None else '–'}")
     return 0
