@@ -101,6 +101,12 @@ class SAEConfig:
     energy_power_mode: str = setting("learn", "sparsemax, energy temperature: learn γ from "
                                      "--energy-power, or keep it fixed there",
                                      choices=("learn", "fixed"))
+    inference: str = setting("sparsemax", "sparsemax: the rule that chooses the support at "
+                             "inference (validation, test, encoding); sparsemax, the per-input "
+                             "support it trains with; threshold, one threshold θ on every "
+                             "unit's unshrunk value, estimated in training as the value that "
+                             "keeps as many units as sparsemax kept (as BatchTopK's)",
+                             choices=("sparsemax", "threshold"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
@@ -219,6 +225,9 @@ class SAEConfig:
         need(energy or (self.energy_power == 0 and self.energy_power_mode == "learn"),
              "--energy-power and --energy-power-mode apply to --model sparsemax with the energy "
              "temperature")
+        need(self.inference == "sparsemax" or (self.model == "sparsemax"
+                                               and self.resolved_values() != "shrunk"),
+             "--inference threshold applies to --model sparsemax with unshrunk values")
 
 
 @dataclass

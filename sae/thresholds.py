@@ -36,12 +36,14 @@ elsewhere), are those of the ``torch.topk`` formulation, which runs on other dev
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
 from sae import kernels
 
-__all__ = ["batch_topk", "jumprelu", "step_l0", "threshold_code", "topk_relu"]
+__all__ = ["batch_topk", "jumprelu", "step_l0", "threshold_code", "topk_relu",
+           "update_running_threshold"]
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
@@ -143,6 +145,21 @@ def batch_topk(a: Tensor, k: int) -> tuple[Tensor, Tensor]:
     n = min(k * a.shape[0], a.numel())
     h, smallest = _rows_topk_relu(a.reshape(1, -1), n)
     return h.view_as(a), smallest[0].detach()
+
+
+@torch.no_grad()
+def update_running_threshold(threshold: Tensor, batches: Tensor, value: Tensor,
+                             rate: float) -> None:
+    """θ ← θ + rate·(value − θ) in place (θ = value on the first batch), value averaged over DDP
+    ranks first; ``batches`` counts the updates. A buffer pair saved in the checkpoint."""
+    value = value.to(threshold.dtype)
+    if dist.is_available() and dist.is_initialized():
+        value = value.clone()
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    first = batches == 0
+    threshold.add_(torch.where(first, 1.0, rate) * (value - threshold))
+    batches += 1
 
 
 def threshold_code(a: Tensor, theta: Tensor | float) -> Tensor:

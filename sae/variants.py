@@ -114,7 +114,8 @@ _SUPPORT_MAP = ("temperature", "groups")  # the sparsemax family's support-map s
 register(Variant("l1", "sae.models.l1:L1SAE"))
 register(Variant("kl", "sae.models.kl:KLSAE", settings=("rho", "kl_threshold")))
 register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
-                 settings=("values", "energy_power", "energy_power_mode", *_SUPPORT_MAP),
+                 settings=("values", "energy_power", "energy_power_mode", "inference",
+                           *_SUPPORT_MAP),
                  auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data"}))
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))

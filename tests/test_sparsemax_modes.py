@@ -472,3 +472,53 @@ def test_a_configuration_saved_before_the_modes_existed_keeps_its_design():
     # and a model built from it has the previous design's parameters: no extra head
     model = build_model(old, torch.rand(20), 2.0)
     assert model.temperature_mode == "global" and model.values_mode == "shrunk"
+
+
+def test_the_inference_threshold_trains_as_sparsemax_and_keeps_as_many_units_at_inference():
+    from sae.checkpoints import expected_state
+
+    x = 3.0 * torch.rand(64, 20, dtype=torch.float64)
+    models = {}
+    for rule in ("sparsemax", "threshold"):
+        torch.manual_seed(0)
+        config = SAEConfig(input_dim=20, hidden=32, inference=rule)
+        config.validate()
+        models[rule] = build_model(config, torch.rand(20), 2.0, init_inputs=x[:32]).double()
+    own, thr = models["sparsemax"], models["threshold"]
+    # training is the same: the same codes and the same updates, step after step
+    steps = []
+    for model in (own, thr):
+        model.train()
+        optimizer = model.configure_optimizers()["optimizer"]
+        codes = []
+        for _ in range(3):
+            optimizer.zero_grad()
+            x_hat, h, extras = model(x)
+            (model.recon_loss(x, x_hat) + model.penalty(h, extras)).backward()
+            optimizer.step()
+            codes.append(h.detach())
+        steps.append(codes)
+    assert all(torch.equal(a, b) for a, b in zip(*steps, strict=True))
+    assert all(torch.equal(p, q) for p, q in zip(own.parameters(), thr.parameters(), strict=True))
+    assert int(thr.threshold_batches) == 3 and "inference_threshold" not in dict(own.state_dict())
+    # θ with rate 1 is the batch's |S|-th largest value, |S| the units sparsemax kept
+    thr.THRESHOLD_RATE = 1.0
+    h_train = thr(x)[1].detach()  # with gradients: a training step's forward
+    kept = int((h_train > 0).sum())
+    a, x_centred = thr.pre_activations(x)
+    s = thr.scores(a, x_centred)
+    r = torch.nn.functional.softplus(thr.scale_head(x_centred))
+    v = (torch.relu(thr.value_scores(a, x_centred, s)) * r[..., None]).view_as(a).detach()
+    assert float(thr.inference_threshold) == pytest.approx(float(v.flatten().sort().values[-kept]))
+    # at inference: the same number of units, each with the value it carries on the support
+    thr.eval()
+    h_eval = thr(x)[1].detach()
+    assert int((h_eval > 0).sum()) == kept - 1  # v > θ: all but the one at θ (no ties)
+    on = h_eval > 0
+    assert torch.equal(h_eval[on], v[on]) and bool((v[~on] <= thr.inference_threshold).all())
+    # θ is saved with the weights; a checkpoint of either rule loads
+    assert set(expected_state(thr.hparams["config"], "ckpt")) == set(thr.state_dict())
+    assert set(expected_state(own.hparams["config"], "ckpt")) == set(own.state_dict())
+    for kw in ({"model": "l1"}, {"model": "entmax"}, {"values": "shrunk"}):
+        with pytest.raises(ValueError, match="--inference threshold applies to --model sparsemax"):
+            SAEConfig(inference="threshold", **kw).validate()

@@ -4,10 +4,9 @@ one learned threshold at inference; AuxK keeps units alive."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from sae.models.topk import TopKSAE
-from sae.thresholds import batch_topk, threshold_code
+from sae.thresholds import batch_topk, threshold_code, update_running_threshold
 
 
 class BatchTopKSAE(TopKSAE):
@@ -33,17 +32,6 @@ class BatchTopKSAE(TopKSAE):
             return threshold_code(a, self.threshold), {}
         h, smallest = batch_topk(a, self.config.k)
         if torch.is_grad_enabled():  # a training step (not a resampling pass)
-            self._update_threshold(smallest)
+            update_running_threshold(self.threshold, self.threshold_batches, smallest,
+                                     self.THRESHOLD_RATE)
         return h, {}
-
-    @torch.no_grad()
-    def _update_threshold(self, smallest: torch.Tensor) -> None:
-        smallest = smallest.to(self.threshold.dtype)
-        if dist.is_available() and dist.is_initialized():
-            smallest = smallest.clone()
-            dist.all_reduce(smallest)
-            smallest /= dist.get_world_size()
-        first = self.threshold_batches == 0
-        rate = torch.where(first, 1.0, self.THRESHOLD_RATE)
-        self.threshold.add_(rate * (smallest - self.threshold))
-        self.threshold_batches += 1

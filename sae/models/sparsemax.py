@@ -15,6 +15,7 @@ from sae.models.base import SparseAutoencoder
 from sae.models.gates import support_gate
 from sae.models.losses import effective_support
 from sae.schedules import anneal
+from sae.thresholds import threshold_code, update_running_threshold
 
 
 class SparsemaxSAE(SparseAutoencoder):
@@ -116,6 +117,21 @@ class SparsemaxSAE(SparseAutoencoder):
     unshrunk forward; that mismatch collapsed training to a handful of active units and most
     units dead.)
 
+    **Inference** (``inference``). ``sparsemax``: the code above, in training and at inference.
+    ``threshold`` trains exactly as ``sparsemax`` and, at inference (eval mode: validation,
+    test, encoding), replaces sparsemax's per-input support by one threshold θ on every unit's
+    unshrunk value v_j = r · ReLU(value score_j), the value it carries when on the support:
+
+        h_j = v_j · 1[v_j > θ]
+
+    so an active unit keeps its value and only the rule that chooses the support changes, as
+    BatchTopK swaps its batch top-k for a threshold at inference. θ is the running mean (rate
+    ``THRESHOLD_RATE``) over training batches of the |S|-th largest v in the batch, |S| the
+    number of units sparsemax kept there: the threshold that would have kept as many. Sparsemax
+    sizes each input's support by the shape of its own scores; a fixed threshold also gives an
+    input with larger values more units (the README gives what each rule costs and gains on
+    the same trained models).
+
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
     (and, tied, the encoder rows) at centred training images for this model (far fewer dead
@@ -139,6 +155,7 @@ class SparsemaxSAE(SparseAutoencoder):
     # sets within a short run (the README gives the numbers); JumpReLU's thresholds learn 10x
     # faster too
     TEMPERATURE_LR_SCALE = 10.0
+    THRESHOLD_RATE = 0.01  # inference threshold: the running mean's rate, BatchTopK's
     NORMALIZED_T0 = 0.03  # normalized temperature: T₀ = 0.03 n (7 % of normal scores active)
     SPREAD_MODES = ("normalized", "energy")  # temperatures that divide by the scores' spread
 
@@ -165,6 +182,10 @@ class SparsemaxSAE(SparseAutoencoder):
                 self.energy_exponent = nn.Parameter(gamma)
             else:  # a buffer: saved with the weights, never trained
                 self.register_buffer("energy_exponent", gamma)
+        self.inference = config.inference
+        if self.inference == "threshold":
+            self.register_buffer("inference_threshold", torch.zeros(()))
+            self.register_buffer("threshold_batches", torch.zeros((), dtype=torch.long))
         # the smallest score spread the normalized temperature divides by
         self.min_spread = 1e-6 * math.sqrt(data_var / config.input_dim)
         if self.values_mode != "shrunk" and init_inputs is not None:
@@ -297,7 +318,23 @@ class SparsemaxSAE(SparseAutoencoder):
             extras["gate"] = self.gate(s, p)
             values = F.relu(self.value_scores(a, x_centred, s)) * extras["gate"]
         h = (values * r.unsqueeze(-1)).view_as(a)
+        if self.inference == "threshold":
+            v = (F.relu(self.value_scores(a, x_centred, s)) * r.unsqueeze(-1)).view_as(a)
+            if not self.training:
+                return threshold_code(v, self.inference_threshold), extras
+            if torch.is_grad_enabled():  # a training step (not a resampling pass)
+                self.track_threshold(v.detach(), int((p > 0).sum()))
         return h, extras
+
+    @torch.no_grad()
+    def track_threshold(self, v: Tensor, kept: int) -> None:
+        """Move θ towards the ``kept``-th largest of the batch's values v [B, H]."""
+        if kept < 1:
+            return
+        flat = v.flatten()
+        value = flat.kthvalue(flat.numel() - min(kept, flat.numel()) + 1).values
+        update_running_threshold(self.inference_threshold, self.threshold_batches, value,
+                                 self.THRESHOLD_RATE)
 
     def penalty(self, h, extras):
         if "gate" in extras:  # unshrunk-ste: L0 through the gate, priced at the threshold
