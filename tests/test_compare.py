@@ -80,13 +80,15 @@ def test_presets_are_valid(preset):
     per_dataset = sum(len(e.grid or (None,)) for e in sweep.models)
     assert len(runs) == len(sweep.datasets) * per_dataset * len(sweep.seeds)
     # every model, except the KL-SAE (no exact zeros) in the wide preset; the Sparsemax-SAE's
-    # candidate and energy sweeps compare its variants with BatchTopK only, and its energy-power
-    # sweep its variants alone (the Fashion-MNIST preset holds BatchTopK at those settings)
+    # candidate, energy and inference sweeps compare its variants with BatchTopK only, and its
+    # energy-power sweeps its variants alone (the dataset's preset holds BatchTopK at those
+    # settings)
     expected = set(MODELS) - ({"kl"} if preset.stem == "wide" else set())
-    if preset.stem.startswith(("sparsemax-candidates-", "sparsemax-energy-")):
-        expected = {"sparsemax", "batchtopk"}
     if preset.stem.startswith("sparsemax-energy-power-"):
         expected = {"sparsemax"}
+    elif preset.stem.startswith(("sparsemax-candidates-", "sparsemax-energy-",
+                                 "sparsemax-threshold-")):
+        expected = {"sparsemax", "batchtopk"}
     assert {e.kind for e in sweep.models} == expected
     parser = build_parser(suppress=True)
     for run in runs:
