@@ -28,11 +28,11 @@ __all__ = [
 ]
 
 # settings a configuration saved before they existed had, with the value they had then
-SAVED_BEFORE = {"values": "shrunk", "temperature": "global"}
+SAVED_BEFORE = {"values": "shrunk", "temperature": "global", "inference": "sparsemax"}
 # the settings whose ``auto`` a configuration saves resolved (``pin_auto``), so that a later
 # change of default leaves what was trained as it was; and what a saved ``auto`` meant, from
 # configurations saved before that: then the Sparsemax-SAE's auto temperature was normalized
-PINNED = ("temperature", "values")
+PINNED = ("temperature", "values", "inference")
 SAVED_AUTO = {"sparsemax": {"temperature": "normalized", "values": "unshrunk-ste"},
               "entmax": {"temperature": "global"}}
 
@@ -52,8 +52,17 @@ def pin_auto(settings: dict) -> dict:
     if model not in MODELS:
         return dict(settings)
     uses = variant(model).settings
-    return {**settings, **{k: variant(model).resolved(k) for k in PINNED
-                           if k in uses and settings.get(k) == "auto"}}
+    pinned = {**settings, **{k: variant(model).resolved(k) for k in PINNED
+                             if k in uses and settings.get(k) == "auto"}}
+    if settings.get("inference") == "auto" and "inference" in uses:
+        pinned["inference"] = auto_inference(pinned["inference"], pinned.get("values"))
+    return pinned
+
+
+def auto_inference(mode: str, values: str | None) -> str:
+    """What the model's ``auto`` inference rule (``mode``) means with these (resolved) values: a
+    threshold needs unshrunk values, so shrunk ones keep the per-input support."""
+    return "sparsemax" if values == "shrunk" else mode
 
 
 def saved_auto(settings: dict) -> dict:
@@ -101,12 +110,14 @@ class SAEConfig:
     energy_power_mode: str = setting("learn", "sparsemax, energy temperature: learn γ from "
                                      "--energy-power, or keep it fixed there",
                                      choices=("learn", "fixed"))
-    inference: str = setting("sparsemax", "sparsemax: the rule that chooses the support at "
-                             "inference (validation, test, encoding); sparsemax, the per-input "
+    inference: str = setting("auto", "sparsemax: the rule that chooses the support at "
+                             "inference (validation, test, encoding); auto = threshold for "
+                             "sparsemax with unshrunk values, sparsemax with shrunk ones; "
+                             "sparsemax, the per-input "
                              "support it trains with; threshold, one threshold θ on every "
                              "unit's unshrunk value, estimated in training as the value that "
                              "keeps as many units as sparsemax kept (as BatchTopK's)",
-                             choices=("sparsemax", "threshold"))
+                             choices=("auto", "sparsemax", "threshold"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
@@ -175,6 +186,13 @@ class SAEConfig:
         one for entmax (chosen by the candidate comparisons; see the README)."""
         return self._resolved("temperature")
 
+    def resolved_inference(self) -> str:
+        """``auto``: a threshold at inference for the Sparsemax-SAE with unshrunk values (chosen
+        by the threshold comparisons; see the README), its own per-input support with shrunk
+        ones (``auto_inference``); a configuration saved before the setting existed: its own
+        support (``SAVED_BEFORE``)."""
+        return auto_inference(self._resolved("inference"), self.resolved_values())
+
     def resolved_init(self) -> str:
         """``auto`` starts the codes of variants that ask for it (sparsemax / entmax: their units
         compete for support) from data, with a linear encoder."""
@@ -225,7 +243,7 @@ class SAEConfig:
         need(energy or (self.energy_power == 0 and self.energy_power_mode == "learn"),
              "--energy-power and --energy-power-mode apply to --model sparsemax with the energy "
              "temperature")
-        need(self.inference == "sparsemax" or (self.model == "sparsemax"
+        need(self.inference != "threshold" or (self.model == "sparsemax"
                                                and self.resolved_values() != "shrunk"),
              "--inference threshold applies to --model sparsemax with unshrunk values")
 

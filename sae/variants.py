@@ -32,8 +32,8 @@ class Variant:
     torch). ``budget``: ``"penalty"`` (λ weighs a sparsity penalty) or ``"fixed"`` (k sets
     the (mean) L0; λ is not used; its dead units are remedied by AuxK). ``settings``: the
     model-specific settings (field names) that apply to this variant. ``auto``: what an ``auto``
-    setting resolves to for it (``values``, ``temperature``, ``init``), where that differs from
-    the common default (:data:`AUTO_DEFAULTS`).
+    setting resolves to for it (``values``, ``temperature``, ``init``, ``inference``), where that
+    differs from the common default (:data:`AUTO_DEFAULTS`).
     """
 
     name: str
@@ -56,7 +56,8 @@ class Variant:
 
 
 # what an ``auto`` setting resolves to unless a variant says otherwise
-AUTO_DEFAULTS = {"values": "shrunk", "temperature": "global", "init": "random"}
+AUTO_DEFAULTS = {"values": "shrunk", "temperature": "global", "init": "random",
+                 "inference": "sparsemax"}
 
 VARIANTS: dict[str, Variant] = {}
 
@@ -116,7 +117,8 @@ register(Variant("kl", "sae.models.kl:KLSAE", settings=("rho", "kl_threshold")))
 register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
                  settings=("values", "energy_power", "energy_power_mode", "inference",
                            *_SUPPORT_MAP),
-                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data"}))
+                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data",
+                       "inference": "threshold"}))
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))
 register(Variant("topk", "sae.models.topk:TopKSAE", budget="fixed"))

@@ -49,15 +49,23 @@ def in_process(monkeypatch):
         os.environ.pop(name, None)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, data_dir):
+# the default Sparsemax-SAE: its inference threshold is a running mean that must resume exactly
+SPARSEMAX = ["--model", "sparsemax", *TINY[2:]]
+
+
+def uninterrupted_metrics(tmp_path_factory, data_dir, args):
     """The metrics of the run never stopped (a subprocess: the same conditions as a user's)."""
     out = tmp_path_factory.mktemp("reference") / "run"
-    result = subprocess.run([sys.executable, "-m", "sae.run", *TINY, "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "sae.run", *args, "--out", str(out)],
                             env=cli_env(out.parent, data_dir), capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    return uninterrupted_metrics(tmp_path_factory, data_dir, TINY)
 
 
 def assert_same_metrics(run, reference):
@@ -123,16 +131,16 @@ class SignalAt(L.Callback):
         self._maybe_signal(trainer, batch_idx, validation=True)
 
 
-def stopped_run(in_process, monkeypatch, out, signal_at) -> int:
-    """The exit code of the tiny run into ``out`` with ``signal_at`` among its training
-    callbacks (they are as before afterwards)."""
+def stopped_run(in_process, monkeypatch, out, signal_at, args=TINY) -> int:
+    """The exit code of the tiny run (``args``) into ``out`` with ``signal_at`` among its
+    training callbacks (they are as before afterwards)."""
     import sae.models
 
     plain = sae.models.training_callbacks
     with monkeypatch.context() as patch:
         patch.setattr(sae.models, "training_callbacks",
                       lambda config: [*plain(config), signal_at])
-        return in_process([*TINY, "--out", out])
+        return in_process([*args, "--out", out])
 
 
 def assert_resumes_to_the_same_metrics(in_process, out, reference):
@@ -158,4 +166,16 @@ def test_sigterm_mid_validation_resumes_to_the_same_metrics(tmp_path, data_dir, 
     assert stopped_run(in_process, monkeypatch, out, signal_at) == 143
     # the validation under way finished and was saved: the checkpoint is of the epoch's end
     assert saved_step(out) == 2 * STEPS
+    assert_resumes_to_the_same_metrics(in_process, out, reference)
+
+
+@pytest.mark.slow
+def test_the_default_sparsemax_resumes_its_inference_threshold_to_the_same_metrics(
+        tmp_path, tmp_path_factory, data_dir, in_process, monkeypatch):
+    reference = uninterrupted_metrics(tmp_path_factory, data_dir, SPARSEMAX)
+    out = tmp_path / "run"
+    assert stopped_run(in_process, monkeypatch, out, SignalAt(signal.SIGINT, 1, 10),
+                       SPARSEMAX) == 130
+    saved = read_checkpoint(out / "checkpoints" / "last.ckpt")["state_dict"]
+    assert int(saved["threshold_batches"]) == STEPS + 11 and float(saved["inference_threshold"]) > 0
     assert_resumes_to_the_same_metrics(in_process, out, reference)

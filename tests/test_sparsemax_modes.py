@@ -359,25 +359,35 @@ def test_resampled_units_sit_at_the_intended_margin(temperature, groups):
 
 # ---- λ controls L0 in every mode -------------------------------------------------------------
 
+def _l0_after_training(data, steps, **settings):
+    torch.manual_seed(0)
+    config = SAEConfig(hidden=128, lambda_warmup=0.1, **settings)
+    data_var = float((data.train_x - data.train_mean).pow(2).sum(-1).mean())
+    model = build_model(config, data.train_mean, data_var, init_inputs=data.train_x)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model, datamodule=data)
+    _, codes = encode_dataset(model, data.val_x)
+    return float(metrics.l0(codes, model.fire_threshold).mean())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("values", ["shrunk", "unshrunk-ste"])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_lambda_lowers_l0_in_every_mode(mnist_small, temperature, values):
-    l0s = []
-    for lam in (0.001, 0.03):
-        torch.manual_seed(0)
-        config = SAEConfig(hidden=128, lam=lam, lambda_warmup=0.1, temperature=temperature,
-                           values=values)
-        data_var = float((mnist_small.train_x - mnist_small.train_mean).pow(2).sum(-1).mean())
-        model = build_model(config, mnist_small.train_mean, data_var,
-                            init_inputs=mnist_small.train_x)
-        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=160, limit_val_batches=0,
-                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False)
-        trainer.fit(model, datamodule=mnist_small)
-        _, codes = encode_dataset(model, mnist_small.val_x)
-        l0s.append(float(metrics.l0(codes, model.fire_threshold).mean()))
+    # each training mode with the support it trains with (the threshold rule: the test below)
+    l0s = [_l0_after_training(mnist_small, 160, lam=lam, temperature=temperature, values=values,
+                              inference="sparsemax") for lam in (0.001, 0.03)]
     assert l0s[0] > 1.3 * l0s[1] and l0s[1] > 1.5, l0s
+
+
+@pytest.mark.slow
+def test_lambda_lowers_l0_with_the_default_inference_threshold(mnist_small):
+    # the default (auto = threshold) at inference; θ is a running mean (rate 0.01) that lags
+    # while L0 falls early in training, so this trains long enough for it to settle
+    l0s = [_l0_after_training(mnist_small, 400, lam=lam) for lam in (0.001, 0.01, 0.03)]
+    assert l0s[0] > 1.15 * l0s[1] > 1.15 * 1.15 * l0s[2] and l0s[2] > 1.5, l0s
 
 
 # ---- what starts and learns differently --------------------------------------------------------
@@ -462,6 +472,37 @@ def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meanin
     # a flag given with --resume still wins
     assert resolve_settings(["--out", str(folder), "--resume", "--temperature",
                              "global"]).temperature == "global"
+
+
+def test_the_default_infers_with_a_threshold_and_a_run_saved_before_keeps_its_own_support():
+    from sae.cli import run_config
+    from sae.config import pin_auto
+
+    assert SAEConfig().resolved_inference() == "threshold"
+    # a threshold needs unshrunk values: with shrunk ones auto keeps sparsemax's own support
+    assert SAEConfig(values="shrunk").resolved_inference() == "sparsemax"
+    SAEConfig(values="shrunk").validate()
+    with pytest.raises(ValueError, match="--inference threshold applies"):
+        SAEConfig(values="shrunk", inference="threshold").validate()
+    assert SAEConfig(model="l1").resolved_inference() == "sparsemax"
+    # a new run saves the rule auto resolved to, for both values
+    assert pin_auto({"model": "sparsemax", "values": "auto", "inference": "auto"})[
+        "inference"] == "threshold"
+    assert pin_auto({"model": "sparsemax", "values": "shrunk", "inference": "auto"})[
+        "inference"] == "sparsemax"
+    assert pin_auto({"model": "l1", "inference": "auto"})["inference"] == "auto"
+    assert run_config(["--model", "sparsemax"]).sae.inference == "threshold"
+    built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
+    assert built.hparams["config"]["inference"] == "threshold"
+    assert "inference_threshold" in dict(built.named_buffers())
+    # a checkpoint saved before the setting existed was trained and scored with its own support
+    saved = {k: v for k, v in asdict(SAEConfig(input_dim=20, hidden=32)).items()
+             if k != "inference"}
+    old = SAEConfig.from_dict({**saved, "temperature": "energy", "values": "unshrunk-ste"})
+    assert old.resolved_inference() == "sparsemax"
+    model = build_model(old, torch.rand(20), 2.0)
+    assert model.inference == "sparsemax" and "inference_threshold" not in dict(
+        model.named_buffers())
 
 
 def test_a_configuration_saved_before_the_modes_existed_keeps_its_design():

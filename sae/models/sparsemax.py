@@ -117,7 +117,8 @@ class SparsemaxSAE(SparseAutoencoder):
     unshrunk forward; that mismatch collapsed training to a handful of active units and most
     units dead.)
 
-    **Inference** (``inference``). ``sparsemax``: the code above, in training and at inference.
+    **Inference** (``inference``; ``auto`` = ``threshold`` with unshrunk values, ``sparsemax``
+    with shrunk ones). ``sparsemax``: the code above, in training and at inference.
     ``threshold`` trains exactly as ``sparsemax`` and, at inference (eval mode: validation,
     test, encoding), replaces sparsemax's per-input support by one threshold θ on every unit's
     unshrunk value v_j = r · ReLU(value score_j), the value it carries when on the support:
@@ -129,8 +130,9 @@ class SparsemaxSAE(SparseAutoencoder):
     ``THRESHOLD_RATE``) over training batches of the |S|-th largest v in the batch, |S| the
     number of units sparsemax kept there: the threshold that would have kept as many. Sparsemax
     sizes each input's support by the shape of its own scores; a fixed threshold also gives an
-    input with larger values more units (the README gives what each rule costs and gains on
-    the same trained models).
+    input with larger values more units. On both datasets the threshold's inputs follow their
+    difficulty more closely at about the same FVU, so it is the default (the README gives what
+    each rule costs and gains on the same trained models).
 
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
@@ -182,7 +184,7 @@ class SparsemaxSAE(SparseAutoencoder):
                 self.energy_exponent = nn.Parameter(gamma)
             else:  # a buffer: saved with the weights, never trained
                 self.register_buffer("energy_exponent", gamma)
-        self.inference = config.inference
+        self.inference = config.resolved_inference()
         if self.inference == "threshold":
             self.register_buffer("inference_threshold", torch.zeros(()))
             self.register_buffer("threshold_batches", torch.zeros((), dtype=torch.long))
@@ -308,18 +310,20 @@ class SparsemaxSAE(SparseAutoencoder):
         p = self.support_map(s.view_as(a)).view_as(s)
         r = F.softplus(self.scale_head(x_centred))  # [B, G]
         values = p
-        if self.values_mode == "unshrunk":
+        if self.values_mode != "shrunk":
             # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value
             # is offset by the threshold; the support is still sparsemax's, and the penalty on
             # p still sets its size
-            values = F.relu(self.value_scores(a, x_centred, s)) * (p > 0)
+            unshrunk = F.relu(self.value_scores(a, x_centred, s))
+        if self.values_mode == "unshrunk":
+            values = unshrunk * (p > 0)
         extras = {"p": p.view_as(a)}
         if self.values_mode == "unshrunk-ste":  # the same, with a gradient near the support
             extras["gate"] = self.gate(s, p)
-            values = F.relu(self.value_scores(a, x_centred, s)) * extras["gate"]
+            values = unshrunk * extras["gate"]
         h = (values * r.unsqueeze(-1)).view_as(a)
-        if self.inference == "threshold":
-            v = (F.relu(self.value_scores(a, x_centred, s)) * r.unsqueeze(-1)).view_as(a)
+        if self.inference == "threshold":  # validated: only with unshrunk values
+            v = (unshrunk * r.unsqueeze(-1)).view_as(a)
             if not self.training:
                 return threshold_code(v, self.inference_threshold), extras
             if torch.is_grad_enabled():  # a training step (not a resampling pass)
