@@ -5,7 +5,9 @@
 For each finished run folder, on the test inputs that ``adaptivity`` uses (2 000 evenly spaced),
 the supports of the trained model chosen three ways, at the same mean L0:
 
-- ``own``: the model's own code (for the Sparsemax-SAE, sparsemax's support of a / T(x));
+- ``own``: the model's own code at inference (for a Sparsemax-SAE trained with
+  ``inference: sparsemax``, sparsemax's support of a / T(x); with the default threshold, its
+  threshold on v, which makes ``own`` and ``θ on v`` nearly the same);
 - ``θ on a``: one threshold θ for every unit and input on the encoder's pre-activations a, the
   rule of JumpReLU and of BatchTopK at inference (θ: the quantile of a that gives the own mean
   L0);
@@ -39,6 +41,7 @@ from sae.evaluate import linear_decoder
 from sae.models import decode_dataset, encode_codes
 from sae.models.sparsemax import SparsemaxSAE
 from sae.sweep.analysis import DataCache
+from sae.thresholds import threshold_code
 
 
 @torch.no_grad()
@@ -60,7 +63,7 @@ def threshold_codes(scores: torch.Tensor, mean_l0: float) -> torch.Tensor:
     flat = scores.flatten()
     keep = max(1, min(flat.numel() - 1, round(mean_l0 * scores.shape[0])))
     theta = flat.kthvalue(flat.numel() - keep).values
-    return scores * (scores > theta.clamp_min(0))
+    return threshold_code(scores, theta.clamp_min(0))
 
 
 def rules(folder: Path, data: DataCache) -> dict:
