@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from sae import metrics
 from sae.checkpoints import model_from_checkpoint, read_checkpoint
@@ -51,9 +50,7 @@ def unit_scores(model, x: torch.Tensor) -> dict[str, torch.Tensor]:
     a, x_centred = model.pre_activations(x.flatten(1).to(model.device))
     out = {"θ on a": a}
     if isinstance(model, SparsemaxSAE) and model.config.groups == 1:
-        s = model.scores(a, x_centred)
-        r = F.softplus(model.scale_head(x_centred))
-        out["θ on v"] = (F.relu(model.value_scores(a, x_centred, s)) * r[..., None]).view_as(a)
+        out["θ on v"] = model.unshrunk_values(a, x_centred).view_as(a)
     return {k: v.float().cpu() for k, v in out.items()}
 
 

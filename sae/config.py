@@ -52,17 +52,8 @@ def pin_auto(settings: dict) -> dict:
     if model not in MODELS:
         return dict(settings)
     uses = variant(model).settings
-    pinned = {**settings, **{k: variant(model).resolved(k) for k in PINNED
-                             if k in uses and settings.get(k) == "auto"}}
-    if settings.get("inference") == "auto" and "inference" in uses:
-        pinned["inference"] = auto_inference(pinned["inference"], pinned.get("values"))
-    return pinned
-
-
-def auto_inference(mode: str, values: str | None) -> str:
-    """What the model's ``auto`` inference rule (``mode``) means with these (resolved) values: a
-    threshold needs unshrunk values, so shrunk ones keep the per-input support."""
-    return "sparsemax" if values == "shrunk" else mode
+    return {**settings, **{k: variant(model).resolved(k, settings) for k in PINNED
+                           if k in uses and settings.get(k) == "auto"}}
 
 
 def saved_auto(settings: dict) -> dict:
@@ -189,9 +180,9 @@ class SAEConfig:
     def resolved_inference(self) -> str:
         """``auto``: a threshold at inference for the Sparsemax-SAE with unshrunk values (chosen
         by the threshold comparisons; see the README), its own per-input support with shrunk
-        ones (``auto_inference``); a configuration saved before the setting existed: its own
-        support (``SAVED_BEFORE``)."""
-        return auto_inference(self._resolved("inference"), self.resolved_values())
+        ones (``sae.variants.AUTO_DEPENDS``); a configuration saved before the setting existed:
+        its own support (``SAVED_BEFORE``)."""
+        return self._resolved("inference")
 
     def resolved_init(self) -> str:
         """``auto`` starts the codes of variants that ask for it (sparsemax / entmax: their units
@@ -204,7 +195,7 @@ class SAEConfig:
         value = getattr(self, name)
         if value != "auto":
             return value
-        return variant(self.model).resolved(name) if self.model in MODELS \
+        return variant(self.model).resolved(name, vars(self)) if self.model in MODELS \
             else AUTO_DEFAULTS[name]
 
     def validate(self) -> None:

@@ -16,7 +16,7 @@ Adding a model is a module in ``sae/models/`` with its ``SparseAutoencoder`` sub
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["FIXED_BUDGET", "MODELS", "VARIANTS", "Variant", "models_using", "register",
@@ -50,14 +50,27 @@ class Variant:
         if unknown:
             raise ValueError(f"variant {self.name}: no auto setting {sorted(unknown)}")
 
-    def resolved(self, name: str) -> str:
-        """What setting ``name`` = ``auto`` means for this variant."""
-        return self.auto.get(name, AUTO_DEFAULTS[name])
+    def resolved(self, name: str, settings: Mapping[str, object] | None = None) -> str:
+        """What setting ``name`` = ``auto`` means for this variant, given the other ``settings``
+        (field names) where its meaning depends on one of them (:data:`AUTO_DEPENDS`)."""
+        meant = self.auto.get(name, AUTO_DEFAULTS[name])
+        if name in AUTO_DEPENDS and settings is not None:
+            other, rule = AUTO_DEPENDS[name]
+            value = settings.get(other, "auto")
+            meant = rule(meant, self.resolved(other, settings) if value == "auto" else value)
+        return meant
 
 
 # what an ``auto`` setting resolves to unless a variant says otherwise
 AUTO_DEFAULTS = {"values": "shrunk", "temperature": "global", "init": "random",
                  "inference": "sparsemax"}
+
+# an ``auto`` whose meaning depends on another (resolved) setting: that setting's name, and what
+# the variant's ``auto`` becomes given its value. A threshold at inference is put on unshrunk
+# values, so with shrunk ones the model keeps its own per-input support.
+AUTO_DEPENDS: dict[str, tuple[str, Callable[[str, str], str]]] = {
+    "inference": ("values", lambda meant, values: "sparsemax" if values == "shrunk" else meant),
+}
 
 VARIANTS: dict[str, Variant] = {}
 

@@ -491,6 +491,11 @@ def test_the_default_infers_with_a_threshold_and_a_run_saved_before_keeps_its_ow
     assert pin_auto({"model": "sparsemax", "values": "shrunk", "inference": "auto"})[
         "inference"] == "sparsemax"
     assert pin_auto({"model": "l1", "inference": "auto"})["inference"] == "auto"
+    # the registry states the dependency once: the variant resolves inference from values
+    from sae.variants import variant
+    assert variant("sparsemax").resolved("inference", {"values": "unshrunk-ste"}) == "threshold"
+    assert variant("sparsemax").resolved("inference", {"values": "shrunk"}) == "sparsemax"
+    assert variant("sparsemax").resolved("inference", {"values": "auto"}) == "threshold"
     assert run_config(["--model", "sparsemax"]).sae.inference == "threshold"
     built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
     assert built.hparams["config"]["inference"] == "threshold"
@@ -550,6 +555,7 @@ def test_the_inference_threshold_trains_as_sparsemax_and_keeps_as_many_units_at_
     s = thr.scores(a, x_centred)
     r = torch.nn.functional.softplus(thr.scale_head(x_centred))
     v = (torch.relu(thr.value_scores(a, x_centred, s)) * r[..., None]).view_as(a).detach()
+    assert torch.equal(thr.unshrunk_values(a, x_centred).view_as(a).detach(), v)
     assert float(thr.inference_threshold) == pytest.approx(float(v.flatten().sort().values[-kept]))
     # at inference: the same number of units, each with the value it carries on the support
     thr.eval()

@@ -305,25 +305,33 @@ class SparsemaxSAE(SparseAutoencoder):
         tau = ((s - p) * on).sum(-1, keepdim=True) / size  # ∂τ/∂s_k = 1/|S| on S
         return support_gate(s - tau, on, self.GATE_BANDWIDTH / size)
 
+    def unshrunk_values(self, a: Tensor, x_centred: Tensor, s: Tensor | None = None,
+                        r: Tensor | None = None) -> Tensor:
+        """v = r·ReLU(value score), [B, G, H/G]: the value each unit carries when it is on the
+        support with unshrunk values, and what the threshold at inference is put on. ``s``
+        (the scores) and ``r`` (the scale, [B, G]) are computed unless given."""
+        s = self.scores(a, x_centred) if s is None else s
+        r = F.softplus(self.scale_head(x_centred)) if r is None else r
+        return F.relu(self.value_scores(a, x_centred, s)) * r.unsqueeze(-1)
+
     def code(self, a, x_centred):
         s = self.scores(a, x_centred)  # [B, G, n]
         p = self.support_map(s.view_as(a)).view_as(s)
         r = F.softplus(self.scale_head(x_centred))  # [B, G]
-        values = p
-        if self.values_mode != "shrunk":
-            # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value
-            # is offset by the threshold; the support is still sparsemax's, and the penalty on
-            # p still sets its size
-            unshrunk = F.relu(self.value_scores(a, x_centred, s))
-        if self.values_mode == "unshrunk":
-            values = unshrunk * (p > 0)
         extras = {"p": p.view_as(a)}
-        if self.values_mode == "unshrunk-ste":  # the same, with a gradient near the support
+        if self.values_mode == "shrunk":
+            return (p * r.unsqueeze(-1)).view_as(a), extras
+        # on the support p_j = s_j − τ: give s_j itself (clipped at 0), so no active value is
+        # offset by the threshold; the support is still sparsemax's, and the penalty on p still
+        # sets its size
+        v = self.unshrunk_values(a, x_centred, s, r)
+        if self.values_mode == "unshrunk":
+            h = (v * (p > 0)).view_as(a)
+        else:  # unshrunk-ste: the same, with a gradient near the support
             extras["gate"] = self.gate(s, p)
-            values = unshrunk * extras["gate"]
-        h = (values * r.unsqueeze(-1)).view_as(a)
+            h = (v * extras["gate"]).view_as(a)
         if self.inference == "threshold":  # validated: only with unshrunk values
-            v = (unshrunk * r.unsqueeze(-1)).view_as(a)
+            v = v.view_as(a)
             if not self.training:
                 return threshold_code(v, self.inference_threshold), extras
             if torch.is_grad_enabled():  # a training step (not a resampling pass)
