@@ -305,19 +305,23 @@ class SparsemaxSAE(SparseAutoencoder):
         tau = ((s - p) * on).sum(-1, keepdim=True) / size  # ∂τ/∂s_k = 1/|S| on S
         return support_gate(s - tau, on, self.GATE_BANDWIDTH / size)
 
+    def scale(self, x_centred: Tensor) -> Tensor:
+        """r = softplus(scale head), [B, G]: the code's scale per input and group."""
+        return F.softplus(self.scale_head(x_centred))
+
     def unshrunk_values(self, a: Tensor, x_centred: Tensor, s: Tensor | None = None,
                         r: Tensor | None = None) -> Tensor:
         """v = r·ReLU(value score), [B, G, H/G]: the value each unit carries when it is on the
         support with unshrunk values, and what the threshold at inference is put on. ``s``
         (the scores) and ``r`` (the scale, [B, G]) are computed unless given."""
         s = self.scores(a, x_centred) if s is None else s
-        r = F.softplus(self.scale_head(x_centred)) if r is None else r
+        r = self.scale(x_centred) if r is None else r
         return F.relu(self.value_scores(a, x_centred, s)) * r.unsqueeze(-1)
 
     def code(self, a, x_centred):
         s = self.scores(a, x_centred)  # [B, G, n]
         p = self.support_map(s.view_as(a)).view_as(s)
-        r = F.softplus(self.scale_head(x_centred))  # [B, G]
+        r = self.scale(x_centred)  # [B, G]
         extras = {"p": p.view_as(a)}
         if self.values_mode == "shrunk":
             return (p * r.unsqueeze(-1)).view_as(a), extras
