@@ -53,9 +53,10 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
 
 ``--publish DIR`` copies everything above but ``runs/``, ``logs/`` and ``raw_probe.json`` to DIR
 (the committed ``figures/compare/<preset>/`` folders are made this way), with the marker file
-``.sae-publication``. DIR must be new, empty or an earlier publication (it carries the marker and
-only a publication's files); any other folder, even one holding only files named like a sweep's
-outputs, is refused before any work.
+``.sae-publication``, and brings the "See also" line of every other publication beside DIR up to
+date, so that the pages published before it link it too. DIR must be new, empty or an earlier
+publication (it carries the marker and only a publication's files); any other folder, even one
+holding only files named like a sweep's outputs, is refused before any work.
 
 Damage and interruptions: a sweep folder or run folder holding a link is refused (the writes
 would land outside it); a damaged ``analysis.json``, ``test_l0.npy`` or ``raw_probe.json`` is
@@ -121,7 +122,7 @@ from sae.sweep.launch import (
     uses_gpu,
     visible_gpus,
 )
-from sae.sweep.render import FIGURE_FILES, publish_page, write_outputs
+from sae.sweep.render import FIGURE_FILES, publish_page, relink_page, write_outputs
 from sae.sweep.spec import Run, Sweep, load_sweep, plan
 
 
@@ -205,7 +206,36 @@ def publish(sweep_dir: Path, folder: Path, sweep: Sweep | None = None,
             copies.append(copy_file(sweep_dir / name, folder / name))
     if sweep is not None and runs is not None and (sweep_dir / "results.csv").is_file():
         publish_page(sweep_dir, sweep, runs, folder)
+    relink_publications(folder)
     return copies
+
+
+def _page_datasets(folder: Path) -> list[str]:
+    """The datasets named by a publication's sweep.yaml (none for a sweep on a data file)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((folder / "sweep.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
+    names = data.get("datasets") if isinstance(data, dict) else None
+    names = [names] if isinstance(names, str) else names
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def relink_publications(folder: Path) -> list[Path]:
+    """Bring the "See also" line of every other publication beside ``folder`` up to date, so
+    that a page published earlier links the one just published (:func:`relink_page`). Only
+    folders that ``--publish`` made (the marker) and that hold no link are touched; returns the
+    files rewritten."""
+    written = []
+    here = folder.resolve()
+    for other in sorted(p for p in folder.parent.iterdir() if p.is_dir()):
+        if other.resolve() == here or not (other / PUBLISH_MARKER).is_file() or \
+                find_link(other) is not None:
+            continue
+        written += relink_page(other, _page_datasets(other))
+    return written
 
 
 def dry_run(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> None:

@@ -681,6 +681,47 @@ def test_publish_page_renders_without_runs(tmp_path):
     assert "runs/" not in (pub / "comparison.html").read_text()
 
 
+def test_publishing_a_page_adds_it_to_the_see_also_line_of_the_pages_published_before(
+        tmp_path, monkeypatch):
+    from sae import pages
+
+    monkeypatch.setattr(pages, "timestamp", lambda: "2026-01-01 00:00 UTC")
+    sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
+    runs = spec.plan(sweep)
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    (out / "sweep.yaml").write_text(sweep.text)
+    render.write_outputs(out, sweep, runs, {})
+    compare_dir = tmp_path / "figures" / "compare"
+    first, second, third = (compare_dir / n for n in ("first", "second", "third"))
+    compare.publish(out, first, sweep, runs)
+    assert "See also" not in (first / "comparison.md").read_text()  # alone: nothing to link
+    assert "See also" not in (first / "comparison.html").read_text()
+    mine = compare_dir / "notes"  # not a publication: never touched
+    mine.mkdir()
+    (mine / "comparison.md").write_text("See also: mine\n\n")
+    (mine / "comparison.html").write_text("x")
+    compare.publish(out, second, sweep, runs)
+    compare.publish(out, third, sweep, runs)
+    for page in (first, second, third):
+        md, html = ((page / n).read_text() for n in ("comparison.md", "comparison.html"))
+        others = [p.name for p in (first, second, third, mine) if p != page]
+        for name in others:
+            assert f"[{name} comparison](../{name}/comparison.html)" in md
+            assert f'<a href="../{name}/comparison.html">{name} comparison</a>' in html
+        # the line is the one a page rendered now would have, and nothing else moved
+        render.publish_page(out, sweep, runs, page)
+        assert (page / "comparison.md").read_text() == md
+        assert (page / "comparison.html").read_text() == html
+    assert (mine / "comparison.md").read_text() == "See also: mine\n\n"
+    # a page that goes away leaves the lines of the others
+    for name in ("comparison.md", "comparison.html"):
+        (third / name).unlink()
+    compare.publish(out, second, sweep, runs)
+    assert "third" not in (first / "comparison.md").read_text()
+    assert "third" not in (first / "comparison.html").read_text()
+
+
 # --------------------------------------------------------------------------- plots
 
 

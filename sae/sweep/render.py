@@ -13,12 +13,14 @@ findings paragraph written from that same verdict (:func:`findings`), the headli
 model at L0 16 and 32, :func:`sae.sweep.matching.headline`), and the best cells of the tables
 marked. They link to what lies beside them (:func:`related_links`): the other comparison pages
 beside this one, the figure gallery and each run's report, each only where the file exists, so a
-published copy without ``runs/`` names no run report (:func:`publish_page` renders that copy).
+published copy without ``runs/`` names no run report (:func:`publish_page` renders that copy);
+:func:`relink_page` brings an earlier page's links up to date when a page is published beside it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +31,8 @@ from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
 
 __all__ = ["FIGURE_FILES", "comparison_html", "comparison_markdown", "findings", "legend",
-           "publish_page", "related_links", "write_outputs"]
+           "publish_page", "related_links", "relink_page", "see_also_html", "see_also_markdown",
+           "write_outputs"]
 
 FIGURE_FILES = {
     "fvu_vs_l0.png": "Reconstruction vs sparsity. Top: FVU against mean L0 of the models with "
@@ -202,6 +205,62 @@ def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict
     return {"pages": pages, "runs": runs, "unbuilt": unbuilt}
 
 
+def see_also_markdown(pages: Sequence[tuple[str, str]]) -> str | None:
+    """comparison.md's "See also" line of ``related_links(...)["pages"]``; None without pages."""
+    return "See also: " + " · ".join(f"[{t}]({h})" for t, h in pages) if pages else None
+
+
+def see_also_html(pages: Sequence[tuple[str, str]]):
+    """comparison.html's "See also" paragraph text (a fragment); None without pages."""
+    from sae import pages as html
+
+    if not pages:
+        return None
+    return html.fragment("See also: {}", html.join(html.join([html.link(h, t), " "])
+                                                    for t, h in pages))
+
+
+_SEE_ALSO_HTML = re.compile(r"<p>See also: .*?</p>\n", re.S)
+_NOTES_HTML = '<details class="note">'  # the folded notes follow the intro's paragraphs
+_FINISHED_MD = re.compile(r"\d+ of \d+ runs finished\. ")  # the paragraph before the line
+
+
+def relink_page(page_dir: Path, datasets: Sequence[str]) -> list[Path]:
+    """Rewrite the "See also" line of the comparison.md and comparison.html in ``page_dir`` to
+    the pages that exist beside it now; nothing else in them changes.
+
+    A page links the pages that existed when it was rendered, so a page published later was
+    missing from every earlier one; :func:`sae.compare.publish` calls this for each earlier
+    publication beside the one it writes. The line becomes what :func:`publish_page` would
+    write now (the tests hold the two equal). ``datasets`` are the page's own (the link order).
+    Returns the files rewritten (those whose line changed).
+    """
+    links = related_links(page_dir, datasets)["pages"]
+    written = []
+    md, page = page_dir / "comparison.md", page_dir / "comparison.html"
+    if md.is_file():
+        text = md.read_text(encoding="utf-8")
+        parts = text.split("\n")  # comparison_markdown's parts: a paragraph, then ""
+        parts = [p for i, p in enumerate(parts) if not (
+            p.startswith("See also: ") or (i and parts[i - 1].startswith("See also: ")))]
+        finished = next((i for i, p in enumerate(parts) if _FINISHED_MD.match(p)), None)
+        line = see_also_markdown(links)
+        if line is not None and finished is not None:
+            parts[finished + 2:finished + 2] = [line, ""]
+        if "\n".join(parts) != text:
+            written.append(write_text(md, "\n".join(parts)))
+    if page.is_file():
+        text = page.read_text(encoding="utf-8")
+        changed = _SEE_ALSO_HTML.sub("", text, count=1)
+        line = see_also_html(links)
+        if line is not None and _NOTES_HTML in changed:
+            at = changed.index(_NOTES_HTML)
+            changed = f"{changed[:at]}<p>{line}</p>\n{changed[at:]}"
+        if changed != text:
+            written.append(write_text(page, changed))
+    return written
+
+
 def build_note(links: dict) -> str | None:
     """How to build the pages of the runs that have none (sweeps skip them while training)."""
     unbuilt = links.get("unbuilt") or []
@@ -251,7 +310,7 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
         parts += [sweep.description.strip(), ""]
     parts += [f"{n_done} of {n_runs} runs finished. {legend()}", ""]
     if links["pages"]:
-        parts += ["See also: " + " · ".join(f"[{t}]({h})" for t, h in links["pages"]), ""]
+        parts += [see_also_markdown(links["pages"]), ""]
     if build_note(links):
         parts += [build_note(links), ""]
     for dataset in _datasets(sweep, summary):
@@ -325,8 +384,7 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
     title = f"Comparison: {sweep.path.name}"
     intro = [description] if description else []
     if links["pages"]:
-        intro.append(pages.fragment("See also: {}", pages.join(
-            pages.join([pages.link(h, t), " "]) for t, h in links["pages"])))
+        intro.append(see_also_html(links["pages"]))
     if build_note(links):
         intro.append(build_note(links))
     return pages.render_page(
