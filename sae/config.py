@@ -102,12 +102,10 @@ class SAEConfig:
                                      "--energy-power, or keep it fixed there",
                                      choices=("learn", "fixed"))
     inference: str = setting("auto", "sparsemax: the rule that chooses the support at "
-                             "inference (validation, test, encoding); auto = threshold for "
-                             "sparsemax with unshrunk values, sparsemax with shrunk ones; "
-                             "sparsemax, the per-input "
-                             "support it trains with; threshold, one threshold θ on every "
-                             "unit's unshrunk value, estimated in training as the value that "
-                             "keeps as many units as sparsemax kept (as BatchTopK's)",
+                             "inference (validation, test, encoding); auto = sparsemax, the "
+                             "per-input support it trains with; threshold, one threshold θ on "
+                             "every unit's unshrunk value, estimated in training as the value "
+                             "that keeps as many units as sparsemax kept (as BatchTopK's)",
                              choices=("auto", "sparsemax", "threshold"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
@@ -178,10 +176,11 @@ class SAEConfig:
         return self._resolved("temperature")
 
     def resolved_inference(self) -> str:
-        """``auto``: a threshold at inference for the Sparsemax-SAE with unshrunk values (chosen
-        by the threshold comparisons; see the README), its own per-input support with shrunk
-        ones (``sae.variants.AUTO_DEPENDS``); a configuration saved before the setting existed:
-        its own support (``SAVED_BEFORE``)."""
+        """``auto``: the Sparsemax-SAE's own per-input support (a threshold at inference, the
+        default before, follows input difficulty more at 512 units but loses most of the
+        reconstruction at 4 096; see the README); a configuration saved before the setting
+        existed: its own support (``SAVED_BEFORE``). Runs save the rule they used, so a run
+        trained with the threshold default keeps it."""
         return self._resolved("inference")
 
     def resolved_init(self) -> str:

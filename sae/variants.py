@@ -67,7 +67,7 @@ AUTO_DEFAULTS = {"values": "shrunk", "temperature": "global", "init": "random",
 
 # an ``auto`` whose meaning depends on another (resolved) setting: that setting's name, and what
 # the variant's ``auto`` becomes given its value. A threshold at inference is put on unshrunk
-# values, so with shrunk ones the model keeps its own per-input support.
+# values, so with shrunk ones the model keeps its own per-input support whatever auto means.
 AUTO_DEPENDS: dict[str, tuple[str, Callable[[str, str], str]]] = {
     "inference": ("values", lambda meant, values: "sparsemax" if values == "shrunk" else meant),
 }
@@ -130,8 +130,7 @@ register(Variant("kl", "sae.models.kl:KLSAE", settings=("rho", "kl_threshold")))
 register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
                  settings=("values", "energy_power", "energy_power_mode", "inference",
                            *_SUPPORT_MAP),
-                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data",
-                       "inference": "threshold"}))
+                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data"}))
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))
 register(Variant("topk", "sae.models.topk:TopKSAE", budget="fixed"))

@@ -49,8 +49,8 @@ def in_process(monkeypatch):
         os.environ.pop(name, None)
 
 
-# the default Sparsemax-SAE: its inference threshold is a running mean that must resume exactly
-SPARSEMAX = ["--model", "sparsemax", *TINY[2:]]
+# the Sparsemax-SAE with a threshold at inference: θ is a running mean that must resume exactly
+SPARSEMAX = ["--model", "sparsemax", "--inference", "threshold", *TINY[2:]]
 
 
 def uninterrupted_metrics(tmp_path_factory, data_dir, args):
@@ -170,7 +170,7 @@ def test_sigterm_mid_validation_resumes_to_the_same_metrics(tmp_path, data_dir, 
 
 
 @pytest.mark.slow
-def test_the_default_sparsemax_resumes_its_inference_threshold_to_the_same_metrics(
+def test_a_sparsemax_run_resumes_its_inference_threshold_to_the_same_metrics(
         tmp_path, tmp_path_factory, data_dir, in_process, monkeypatch):
     reference = uninterrupted_metrics(tmp_path_factory, data_dir, SPARSEMAX)
     out = tmp_path / "run"

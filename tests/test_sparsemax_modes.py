@@ -383,10 +383,11 @@ def test_lambda_lowers_l0_in_every_mode(mnist_small, temperature, values):
 
 
 @pytest.mark.slow
-def test_lambda_lowers_l0_with_the_default_inference_threshold(mnist_small):
-    # the default (auto = threshold) at inference; θ is a running mean (rate 0.01) that lags
-    # while L0 falls early in training, so this trains long enough for it to settle
-    l0s = [_l0_after_training(mnist_small, 400, lam=lam) for lam in (0.001, 0.01, 0.03)]
+def test_lambda_lowers_l0_with_the_inference_threshold(mnist_small):
+    # θ is a running mean (rate 0.01) that lags while L0 falls early in training, so this
+    # trains long enough for it to settle
+    l0s = [_l0_after_training(mnist_small, 400, lam=lam, inference="threshold")
+           for lam in (0.001, 0.01, 0.03)]
     assert l0s[0] > 1.15 * l0s[1] > 1.15 * 1.15 * l0s[2] and l0s[2] > 1.5, l0s
 
 
@@ -474,36 +475,38 @@ def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meanin
                              "global"]).temperature == "global"
 
 
-def test_the_default_infers_with_a_threshold_and_a_run_saved_before_keeps_its_own_support():
+def test_the_default_infers_with_its_own_support_and_a_run_keeps_the_rule_it_saved():
     from sae.cli import run_config
     from sae.config import pin_auto
+    from sae.variants import variant
 
-    assert SAEConfig().resolved_inference() == "threshold"
-    # a threshold needs unshrunk values: with shrunk ones auto keeps sparsemax's own support
-    assert SAEConfig(values="shrunk").resolved_inference() == "sparsemax"
-    SAEConfig(values="shrunk").validate()
+    # the default: sparsemax's own support at inference, whatever the values
+    for values in ("auto", "unshrunk-ste", "unshrunk", "shrunk"):
+        assert SAEConfig(values=values).resolved_inference() == "sparsemax"
+        assert variant("sparsemax").resolved("inference", {"values": values}) == "sparsemax"
+        assert pin_auto({"model": "sparsemax", "values": values, "inference": "auto"})[
+            "inference"] == "sparsemax"
+    assert SAEConfig(model="l1").resolved_inference() == "sparsemax"
+    assert pin_auto({"model": "l1", "inference": "auto"})["inference"] == "auto"
+    assert run_config(["--model", "sparsemax"]).sae.inference == "sparsemax"
+    built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
+    assert built.hparams["config"]["inference"] == "sparsemax" and built.inference == "sparsemax"
+    assert "inference_threshold" not in dict(built.named_buffers())
+    # the threshold is asked for by name, and needs unshrunk values
+    SAEConfig(inference="threshold").validate()
     with pytest.raises(ValueError, match="--inference threshold applies"):
         SAEConfig(values="shrunk", inference="threshold").validate()
-    assert SAEConfig(model="l1").resolved_inference() == "sparsemax"
-    # a new run saves the rule auto resolved to, for both values
-    assert pin_auto({"model": "sparsemax", "values": "auto", "inference": "auto"})[
-        "inference"] == "threshold"
-    assert pin_auto({"model": "sparsemax", "values": "shrunk", "inference": "auto"})[
-        "inference"] == "sparsemax"
-    assert pin_auto({"model": "l1", "inference": "auto"})["inference"] == "auto"
-    # the registry states the dependency once: the variant resolves inference from values
-    from sae.variants import variant
-    assert variant("sparsemax").resolved("inference", {"values": "unshrunk-ste"}) == "threshold"
-    assert variant("sparsemax").resolved("inference", {"values": "shrunk"}) == "sparsemax"
-    assert variant("sparsemax").resolved("inference", {"values": "auto"}) == "threshold"
-    assert run_config(["--model", "sparsemax"]).sae.inference == "threshold"
-    built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
-    assert built.hparams["config"]["inference"] == "threshold"
-    assert "inference_threshold" in dict(built.named_buffers())
+    # a run saved while the threshold was the default kept its rule, and is rebuilt with it
+    saved = asdict(SAEConfig(input_dim=20, hidden=32))
+    kept = SAEConfig.from_dict({**saved, "temperature": "energy", "values": "unshrunk-ste",
+                                "inference": "threshold"})
+    assert kept.resolved_inference() == "threshold"
+    model = build_model(kept, torch.rand(20), 2.0)
+    assert model.inference == "threshold" and "inference_threshold" in dict(
+        model.named_buffers())
     # a checkpoint saved before the setting existed was trained and scored with its own support
-    saved = {k: v for k, v in asdict(SAEConfig(input_dim=20, hidden=32)).items()
-             if k != "inference"}
-    old = SAEConfig.from_dict({**saved, "temperature": "energy", "values": "unshrunk-ste"})
+    old = SAEConfig.from_dict({k: v for k, v in saved.items() if k != "inference"}
+                              | {"temperature": "energy", "values": "unshrunk-ste"})
     assert old.resolved_inference() == "sparsemax"
     model = build_model(old, torch.rand(20), 2.0)
     assert model.inference == "sparsemax" and "inference_threshold" not in dict(

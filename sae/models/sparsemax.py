@@ -117,8 +117,8 @@ class SparsemaxSAE(SparseAutoencoder):
     unshrunk forward; that mismatch collapsed training to a handful of active units and most
     units dead.)
 
-    **Inference** (``inference``; ``auto`` = ``threshold`` with unshrunk values, ``sparsemax``
-    with shrunk ones). ``sparsemax``: the code above, in training and at inference.
+    **Inference** (``inference``; ``auto`` = ``sparsemax``). ``sparsemax``: the code above, in
+    training and at inference.
     ``threshold`` trains exactly as ``sparsemax`` and, at inference (eval mode: validation,
     test, encoding), replaces sparsemax's per-input support by one threshold θ on every unit's
     unshrunk value v_j = r · ReLU(value score_j), the value it carries when on the support:
@@ -130,9 +130,11 @@ class SparsemaxSAE(SparseAutoencoder):
     ``THRESHOLD_RATE``) over training batches of the |S|-th largest v in the batch, |S| the
     number of units sparsemax kept there: the threshold that would have kept as many. Sparsemax
     sizes each input's support by the shape of its own scores; a fixed threshold also gives an
-    input with larger values more units. On both datasets the threshold's inputs follow their
-    difficulty more closely at about the same FVU, so it is the default (the README gives what
-    each rule costs and gains on the same trained models).
+    input with larger values more units. At 512 units the threshold's inputs follow their
+    difficulty more closely at about the same FVU; at 4 096 units it admits units just outside
+    an input's support with values they were never trained to carry there, and loses much of
+    the reconstruction, so it is not the default (the README gives what each rule costs and
+    gains on the same trained models).
 
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
