@@ -101,7 +101,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sae.cli import OneLineParser, UsageError, path_arg
-from sae.io import copy_file, find_link, write_text
+from sae.io import copy_file, find_link, read_text, write_text
 from sae.process import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -215,7 +215,7 @@ def _page_datasets(folder: Path) -> list[str]:
     import yaml
 
     try:
-        data = yaml.safe_load((folder / "sweep.yaml").read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text(folder / "sweep.yaml"))
     except (OSError, ValueError, yaml.YAMLError):
         return []
     names = data.get("datasets") if isinstance(data, dict) else None

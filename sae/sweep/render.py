@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from sae.io import write_bytes, write_text
+from sae.io import read_text, write_bytes, write_text
 from sae.metric_defs import METRIC
 from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes, read_json
 from sae.sweep.launch import run_state
@@ -233,13 +233,21 @@ def relink_page(page_dir: Path, datasets: Sequence[str]) -> list[Path]:
     missing from every earlier one; :func:`sae.compare.publish` calls this for each earlier
     publication beside the one it writes. The line becomes what :func:`publish_page` would
     write now (the tests hold the two equal). ``datasets`` are the page's own (the link order).
-    Returns the files rewritten (those whose line changed).
+    Returns the files rewritten (those whose line changed); a page that cannot be read as
+    text is left as it is.
     """
     links = related_links(page_dir, datasets)["pages"]
     written = []
+
+    def text_of(path: Path) -> str | None:
+        try:
+            return read_text(path) if path.is_file() else None
+        except (OSError, UnicodeDecodeError):
+            return None
+
     md, page = page_dir / "comparison.md", page_dir / "comparison.html"
-    if md.is_file():
-        text = md.read_text(encoding="utf-8")
+    text = text_of(md)
+    if text is not None:
         parts = text.split("\n")  # comparison_markdown's parts: a paragraph, then ""
         parts = [p for i, p in enumerate(parts) if not (
             p.startswith("See also: ") or (i and parts[i - 1].startswith("See also: ")))]
@@ -249,8 +257,8 @@ def relink_page(page_dir: Path, datasets: Sequence[str]) -> list[Path]:
             parts[finished + 2:finished + 2] = [line, ""]
         if "\n".join(parts) != text:
             written.append(write_text(md, "\n".join(parts)))
-    if page.is_file():
-        text = page.read_text(encoding="utf-8")
+    text = text_of(page)
+    if text is not None:
         changed = _SEE_ALSO_HTML.sub("", text, count=1)
         line = see_also_html(links)
         if line is not None and _NOTES_HTML in changed:
