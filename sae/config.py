@@ -28,11 +28,12 @@ __all__ = [
 ]
 
 # settings a configuration saved before they existed had, with the value they had then
-SAVED_BEFORE = {"values": "shrunk", "temperature": "global", "inference": "sparsemax"}
+SAVED_BEFORE = {"values": "shrunk", "temperature": "global", "inference": "sparsemax",
+                "support": "input"}
 # the settings whose ``auto`` a configuration saves resolved (``pin_auto``), so that a later
 # change of default leaves what was trained as it was; and what a saved ``auto`` meant, from
 # configurations saved before that: then the Sparsemax-SAE's auto temperature was normalized
-PINNED = ("temperature", "values", "inference")
+PINNED = ("temperature", "values", "inference", "support")
 SAVED_AUTO = {"sparsemax": {"temperature": "normalized", "values": "unshrunk-ste"},
               "entmax": {"temperature": "global"}}
 
@@ -107,6 +108,13 @@ class SAEConfig:
                              "every unit's unshrunk value, estimated in training as the value "
                              "that keeps as many units as sparsemax kept (as BatchTopK's)",
                              choices=("auto", "sparsemax", "threshold"))
+    support: str = setting("auto", "sparsemax: what one projection onto the simplex covers; "
+                           "auto = input; input, each input's scores (its own support, mass 1 "
+                           "per input); batch, the whole batch's scores at once (mass B over "
+                           "the batch, so an input with higher scores gets more units, as "
+                           "BatchTopK to TopK), with the batch threshold's running mean at "
+                           "inference; its auto temperature is global",
+                           choices=("auto", "input", "batch"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
@@ -183,6 +191,11 @@ class SAEConfig:
         trained with the threshold default keeps it."""
         return self._resolved("inference")
 
+    def resolved_support(self) -> str:
+        """``auto``: each input's own projection (``input``); a configuration saved before the
+        setting existed: the same (``SAVED_BEFORE``)."""
+        return self._resolved("support")
+
     def resolved_init(self) -> str:
         """``auto`` starts the codes of variants that ask for it (sparsemax / entmax: their units
         compete for support) from data, with a linear encoder."""
@@ -223,7 +236,7 @@ class SAEConfig:
              "--dead-guard auxk applies to --model topk and batchtopk")
         need(guard == "none" or self.arch == "linear",
              f"--dead-guard {guard} needs --arch linear (use none with mlp)")
-        for name in ("values", "temperature"):
+        for name in ("values", "temperature", "support"):
             value, models = getattr(self, name), models_using(name)
             need(value in ("auto", AUTO_DEFAULTS[name]) or self.model in models,
                  f"--{name} {value} applies to --model {' and '.join(models)}")
@@ -236,6 +249,13 @@ class SAEConfig:
         need(self.inference != "threshold" or (self.model == "sparsemax"
                                                and self.resolved_values() != "shrunk"),
              "--inference threshold applies to --model sparsemax with unshrunk values")
+        batch = self.model == "sparsemax" and self.resolved_support() == "batch"
+        need(not batch or self.resolved_values() == "unshrunk-ste",
+             "--support batch needs --values unshrunk-ste (or auto)")
+        need(not batch or self.resolved_temperature() == "global",
+             "--support batch has one temperature per group: leave --temperature auto (global)")
+        need(not batch or self.inference in ("auto", "sparsemax"),
+             "--support batch infers with its batch threshold: leave --inference auto")
 
 
 @dataclass

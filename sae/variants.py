@@ -63,13 +63,16 @@ class Variant:
 
 # what an ``auto`` setting resolves to unless a variant says otherwise
 AUTO_DEFAULTS = {"values": "shrunk", "temperature": "global", "init": "random",
-                 "inference": "sparsemax"}
+                 "inference": "sparsemax", "support": "input"}
 
 # an ``auto`` whose meaning depends on another (resolved) setting: that setting's name, and what
 # the variant's ``auto`` becomes given its value. A threshold at inference is put on unshrunk
 # values, so with shrunk ones the model keeps its own per-input support whatever auto means.
 AUTO_DEPENDS: dict[str, tuple[str, Callable[[str, str], str]]] = {
     "inference": ("values", lambda meant, values: "sparsemax" if values == "shrunk" else meant),
+    # a batch support's scores keep their scale, which is what lets an input with higher
+    # scores take more of the batch's units; the per-input temperatures divide it away
+    "temperature": ("support", lambda meant, support: "global" if support == "batch" else meant),
 }
 
 VARIANTS: dict[str, Variant] = {}
@@ -129,7 +132,7 @@ register(Variant("l1", "sae.models.l1:L1SAE"))
 register(Variant("kl", "sae.models.kl:KLSAE", settings=("rho", "kl_threshold")))
 register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
                  settings=("values", "energy_power", "energy_power_mode", "inference",
-                           *_SUPPORT_MAP),
+                           "support", *_SUPPORT_MAP),
                  auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data"}))
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))

@@ -296,6 +296,19 @@ def near_miss(values, temperature):
     return model, x, j
 
 
+def train_unit(model, x, j, steps=30):
+    """Adam on the reconstruction of x for ``steps`` steps, moving unit j's encoder row only."""
+    opt = torch.optim.Adam([model.W_enc, model.b_enc], lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        model.recon_loss(x, model(x)[0]).backward()
+        for param in (model.W_enc, model.b_enc):  # only unit j learns
+            keep = torch.zeros_like(param.grad)
+            keep[j] = 1
+            param.grad.mul_(keep)
+        opt.step()
+
+
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_a_unit_just_outside_the_support_returns_under_unshrunk_ste(temperature):
     fired = {}
@@ -307,15 +320,7 @@ def test_a_unit_just_outside_the_support_returns_under_unshrunk_ste(temperature)
         eps = model.GATE_BANDWIDTH / (p > 0).sum(-1)
         assert (u[:, 0, j] > -eps[:, 0] / 2).float().mean() > 0.3  # but near it
         before = float(model.recon_loss(x, model(x)[0]).detach())
-        opt = torch.optim.Adam([model.W_enc, model.b_enc], lr=1e-2)
-        for _ in range(30):
-            opt.zero_grad()
-            model.recon_loss(x, model(x)[0]).backward()
-            for param in (model.W_enc, model.b_enc):  # only unit j learns
-                keep = torch.zeros_like(param.grad)
-                keep[j] = 1
-                param.grad.mul_(keep)
-            opt.step()
+        train_unit(model, x, j)
         fired[values] = float((model.encode(x)[:, j] > 0).float().mean())
         if values == "unshrunk-ste":
             assert float(model.recon_loss(x, model(x)[0]).detach()) < before

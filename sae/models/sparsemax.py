@@ -136,6 +136,24 @@ class SparsemaxSAE(SparseAutoencoder):
     the reconstruction, so it is not the default (the README gives what each rule costs and
     gains on the same trained models).
 
+    **Support** (``support``; ``auto`` = ``input``). ``input``: each input's scores are
+    projected onto its own simplex, as above. ``batch``: the whole batch's scores are projected
+    at once, per group, onto {p >= 0, Σ_{i,j} p_ij = B} (``project``), as BatchTopK takes the
+    top k·B of a batch where TopK takes each input's top k:
+
+        p_ij = (s_ij − τ)₊,   Σ_{i,j} (s_ij − τ)₊ = B,   i.e.  p = B · sparsemax(vec(s) / B)
+
+    One threshold τ serves the batch, so an input whose scores stand higher takes more units
+    and one whose scores are flat takes fewer, where an input's own projection sizes its
+    support by the shape of its scores alone. Values and gate are ``unshrunk-ste``'s with τ
+    the batch's (∂τ/∂s = 1/|S| on the batch's support S) and ε = κ B / |S|, the batch's mean
+    active share. At inference the batch is replaced by a running mean (rate
+    ``THRESHOLD_RATE``) of T·τ, the threshold on the pre-activations a, so that a unit fires
+    where a_j > θ and the code of an input does not depend on its batch; the units admitted at
+    inference are those the same rule trained. The temperature is the global one: the
+    per-input temperatures divide each input's scale away, which is what a shared threshold
+    reads.
+
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
     (and, tied, the encoder rows) at centred training images for this model (far fewer dead
@@ -187,6 +205,11 @@ class SparsemaxSAE(SparseAutoencoder):
             else:  # a buffer: saved with the weights, never trained
                 self.register_buffer("energy_exponent", gamma)
         self.inference = config.resolved_inference()
+        self.support_scope = config.resolved_support()
+        if self.support_scope == "batch":  # θ_g: the batch threshold's running mean, per group
+            # (kept on a = s·T, which moves at the encoder's pace; T learns ten times faster)
+            self.register_buffer("inference_threshold", torch.zeros(config.groups))
+            self.register_buffer("threshold_batches", torch.zeros((), dtype=torch.long))
         if self.inference == "threshold":
             self.register_buffer("inference_threshold", torch.zeros(()))
             self.register_buffer("threshold_batches", torch.zeros((), dtype=torch.long))
@@ -206,7 +229,7 @@ class SparsemaxSAE(SparseAutoencoder):
         """
         a, x_centred = self.pre_activations(inputs.float())
         s = self.scores(a, x_centred)
-        p = self.support_map(s.view_as(a)).view_as(s)
+        p = self.project(s)
         mass = (F.relu(s) * (p > 0)).sum(-1).mean(0)  # [G]
         for g, m in enumerate(mass.tolist()):
             self.scale_head.bias[g] = softplus_inverse(r0 / max(m, 1e-3))
@@ -227,6 +250,27 @@ class SparsemaxSAE(SparseAutoencoder):
     def support_map(self, a: Tensor) -> Tensor:
         """Scores [B, H] -> p [B, H], each group of H/G entries on the simplex."""
         return sparsemax(a, dim=-1, groups=self.config.groups)
+
+    def project(self, s: Tensor) -> Tensor:
+        """Scores s [B, G, n] -> p [B, G, n]: each input's projection (``support: input``), or
+        the whole batch's (``batch``): per group, the Euclidean projection of all B·n scores
+        onto {p >= 0, Σ p = B},
+
+            p = (s − τ_g)₊,  Σ_{i,j} (s_igj − τ_g)₊ = B,  i.e.  p = B · sparsemax(vec(s_g) / B),
+
+        one threshold τ_g for the batch, so an input whose scores stand higher takes more of
+        the batch's units (each input's mass is 1 on average, not each). In eval mode the batch
+        is replaced by a running mean of τ_g: p = (s − θ_g / T_g)₊ with θ_g the running mean of
+        T_g·τ_g, the threshold on the pre-activations a (T_g, which learns ten times faster than
+        the encoder, would leave a mean of τ_g itself behind), and an input's code no longer
+        depends on the rest of its batch."""
+        if self.support_scope == "input":
+            return self.support_map(s.reshape(len(s), -1)).view_as(s)
+        if not self.training:
+            return F.relu(s - self.batch_threshold()[:, None])
+        B, G, n = s.shape
+        flat = s.transpose(0, 1).reshape(G, B * n) / B
+        return (B * sparsemax(flat, dim=-1)).view(G, B, n).transpose(0, 1).contiguous()
 
     def value_temperature(self, a: Tensor, x_centred: Tensor) -> Tensor:
         """The temperature without the energy power, [B, G]: what scales unshrunk values."""
@@ -268,7 +312,9 @@ class SparsemaxSAE(SparseAutoencoder):
         temperature T(x), its score is T(x)·(τ + c Σ p²), τ and p those of the other units (the
         resampled ones left out), c = ``ADMISSION_SHARE``: above the threshold by a small part
         of the support's typical share E_p[p], so that it enters the support on its input and
-        on inputs like it, not on every input (the bias does not depend on the input).
+        on inputs like it, not on every input (the bias does not depend on the input). With
+        ``support: batch`` τ is the batch threshold's running mean θ (what inference uses) and
+        the share that of the input's p = (s − θ)₊, Σ p² / Σ p.
         The global and learned temperatures do not depend on the bias, so one step is exact;
         the normalized and energy ones include the new scores in their spread, and the bias is
         its fixed point, found by iterating to rounding level (each step moves one of n scores,
@@ -289,9 +335,14 @@ class SparsemaxSAE(SparseAutoencoder):
             T = self.temperature(a, x_centred)  # [n, G]
             scores = a.view(n, G, -1) / T[..., None]
             scores.view(n, -1)[:, idx] = float("-inf")  # τ of the others, without the new units
-            p = self.support_map(scores.view(n, -1)).view(n, G, -1)
-            tau = (scores - p).masked_fill(p <= 0, float("-inf")).amax(-1)  # [n, G]
-            share = p.pow(2).sum(-1)  # [n, G]
+            if self.support_scope == "input":
+                p = self.support_map(scores.view(n, -1)).view(n, G, -1)
+                tau = (scores - p).masked_fill(p <= 0, float("-inf")).amax(-1)  # [n, G]
+                share = p.pow(2).sum(-1)  # [n, G]
+            else:  # the batch threshold's running mean, and the input's own E_p[p]
+                tau = self.batch_threshold().expand(n, G)
+                p = F.relu(scores - tau[..., None])
+                share = p.pow(2).sum(-1) / p.sum(-1).clamp_min(torch.finfo(p.dtype).tiny)
             target = T[rows, group] * (tau[rows, group] + self.ADMISSION_SHARE * share[rows, group])
             step, bias = target - without_bias[rows, rows] - bias, target - without_bias[rows, rows]
             tol = 16 * torch.finfo(a.dtype).eps * target.abs().max().clamp_min(self.min_spread)
@@ -299,13 +350,29 @@ class SparsemaxSAE(SparseAutoencoder):
                 break
         self.b_enc[idx] = bias
 
+    def batch_threshold(self) -> Tensor:
+        """θ_g / T_g [G]: the batch support's threshold at inference, on the scores s = a / T_g
+        (``support: batch`` has the global temperature)."""
+        return self.inference_threshold / self.log_temperature.exp()
+
     def gate(self, s: Tensor, p: Tensor) -> Tensor:
         """H(s − τ) [B, G, n] on sparsemax's support, with the straight-through pseudo-derivative
-        of ``unshrunk-ste`` (``sae.models.gates``)."""
+        of ``unshrunk-ste`` (``sae.models.gates``). With ``support: batch`` τ and the mean
+        active share B/|S| are the batch's (one per group); in eval mode τ is θ."""
         on = p > 0
-        size = on.sum(-1, keepdim=True).clamp_min(1)
-        tau = ((s - p) * on).sum(-1, keepdim=True) / size  # ∂τ/∂s_k = 1/|S| on S
-        return support_gate(s - tau, on, self.GATE_BANDWIDTH / size)
+        if self.support_scope == "input":
+            size = on.sum(-1, keepdim=True).clamp_min(1)
+            tau = ((s - p) * on).sum(-1, keepdim=True) / size  # ∂τ/∂s_k = 1/|S| on S
+            return support_gate(s - tau, on, self.GATE_BANDWIDTH / size)
+        if not self.training:
+            return on.to(s.dtype)
+        size = on.sum((0, 2), keepdim=True).clamp_min(1)  # [1, G, 1]
+        tau = ((s - p) * on).sum((0, 2), keepdim=True) / size
+        if torch.is_grad_enabled():  # a training step (not a resampling pass)
+            update_running_threshold(self.inference_threshold, self.threshold_batches,
+                                     tau.detach().view(-1) * self.log_temperature.detach().exp(),
+                                     self.THRESHOLD_RATE)
+        return support_gate(s - tau, on, self.GATE_BANDWIDTH * len(s) / size)
 
     def scale(self, x_centred: Tensor) -> Tensor:
         """r = softplus(scale head), [B, G]: the code's scale per input and group."""
@@ -322,7 +389,7 @@ class SparsemaxSAE(SparseAutoencoder):
 
     def code(self, a, x_centred):
         s = self.scores(a, x_centred)  # [B, G, n]
-        p = self.support_map(s.view_as(a)).view_as(s)
+        p = self.project(s)
         r = self.scale(x_centred)  # [B, G]
         extras = {"p": p.view_as(a)}
         if self.values_mode == "shrunk":
