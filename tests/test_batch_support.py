@@ -88,7 +88,7 @@ def test_the_batch_gate_gradient_is_the_stated_pseudo_derivative(monkeypatch, gr
 
 def test_inference_uses_the_running_batch_threshold_and_needs_no_batch():
     model = batch_model(hidden=32, groups=2)
-    model.THRESHOLD_RATE = 1.0  # θ = the last training batch's T·τ
+    model.BATCH_THRESHOLD_RATE = 1.0  # θ = the last training batch's T·τ
     x = torch.rand(64, 20, dtype=torch.float64)
     h_train = model(x)[1].detach()
     a, x_c = model.pre_activations(x)
