@@ -81,10 +81,10 @@ def test_presets_are_valid(preset):
     assert len(runs) == len(sweep.datasets) * per_dataset * len(sweep.seeds)
     # every model, except the KL-SAE (no exact zeros) in the wide preset; the Sparsemax-SAE's
     # candidate, energy and inference sweeps compare its variants with BatchTopK only, and its
-    # energy-power sweeps its variants alone (the dataset's preset holds BatchTopK at those
-    # settings)
+    # energy-power and batch-support sweeps its variants alone (the dataset's preset or the
+    # threshold sweep holds BatchTopK at those settings)
     expected = set(MODELS) - ({"kl"} if preset.stem == "wide" else set())
-    if preset.stem.startswith("sparsemax-energy-power-"):
+    if preset.stem.startswith(("sparsemax-energy-power-", "sparsemax-batch-")):
         expected = {"sparsemax"}
     elif preset.stem.startswith(("sparsemax-candidates-", "sparsemax-energy-",
                                  "sparsemax-threshold-")):
