@@ -212,7 +212,8 @@ class SparsemaxSAE(SparseAutoencoder):
         self.inference = config.resolved_inference()
         self.support_scope = config.resolved_support()
         if self.support_scope == "batch":  # θ_g: the batch threshold's running mean, per group
-            # (kept on a = s·T, which moves at the encoder's pace; T learns ten times faster)
+            # (kept on the pre-activations a = s·T: a mean of τ on s would also move with every
+            # rescaling of the scores by T)
             self.register_buffer("inference_threshold", torch.zeros(config.groups))
             self.register_buffer("threshold_batches", torch.zeros((), dtype=torch.long))
         if self.inference == "threshold":
