@@ -88,8 +88,9 @@ class SAEConfig:
                           "support gate reaches units near the threshold)",
                           choices=("auto", "shrunk", "unshrunk", "unshrunk-ste"))
     temperature: str = setting("auto", "sparsemax/entmax: the temperature T of the support "
-                               "map(a / T); auto = energy for sparsemax, global for "
-                               "entmax; global, one learned T per group; learned, "
+                               "map(a / T); auto = global for sparsemax's batch support "
+                               "and entmax, energy for sparsemax's per-input support; "
+                               "global, one learned T per group; learned, "
                                "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
                                "the spread (std) of the input's scores over the group's "
                                "units; energy, normalized times (‖x − b_dec‖ / ν)^γ with γ "
@@ -104,16 +105,18 @@ class SAEConfig:
                                      choices=("learn", "fixed"))
     inference: str = setting("auto", "sparsemax: the rule that chooses the support at "
                              "inference (validation, test, encoding); auto = sparsemax, the "
-                             "per-input support it trains with; threshold, one threshold θ on "
+                             "rule it trains with (each input's own support, or the batch "
+                             "support's running threshold); threshold, one threshold θ on "
                              "every unit's unshrunk value, estimated in training as the value "
                              "that keeps as many units as sparsemax kept (as BatchTopK's)",
                              choices=("auto", "sparsemax", "threshold"))
     support: str = setting("auto", "sparsemax: what one projection onto the simplex covers; "
-                           "auto = input; input, each input's scores (its own support, mass 1 "
-                           "per input); batch, the whole batch's scores at once (mass B over "
-                           "the batch, so an input with higher scores gets more units, as "
-                           "BatchTopK to TopK), with the batch threshold's running mean at "
-                           "inference; its auto temperature is global",
+                           "auto = batch (input when --values, --temperature or --inference "
+                           "ask for a per-input design); input, each input's scores (its own "
+                           "support, mass 1 per input); batch, the whole batch's scores at "
+                           "once (mass B over the batch, so an input with higher scores gets "
+                           "more units, as BatchTopK to TopK), with the batch threshold's "
+                           "running mean at inference; its auto temperature is global",
                            choices=("auto", "input", "batch"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
@@ -178,22 +181,29 @@ class SAEConfig:
         return self._resolved("values")
 
     def resolved_temperature(self) -> str:
-        """``auto``: the energy temperature for the Sparsemax-SAE (a configuration saved with
-        ``auto`` before it became the default: the normalized one, ``SAVED_AUTO``), the global
-        one for entmax (chosen by the candidate comparisons; see the README)."""
+        """``auto``: the global temperature for the Sparsemax-SAE's batch support (a per-input
+        one would divide away the scale its shared threshold reads) and the energy temperature
+        for its per-input support (a configuration saved with ``auto`` before that became the
+        default: the normalized one, ``SAVED_AUTO``); the global one for entmax (chosen by the
+        candidate comparisons; see the README)."""
         return self._resolved("temperature")
 
     def resolved_inference(self) -> str:
-        """``auto``: the Sparsemax-SAE's own per-input support (a threshold at inference, the
-        default before, follows input difficulty more at 512 units but loses most of the
-        reconstruction at 4 096; see the README); a configuration saved before the setting
-        existed: its own support (``SAVED_BEFORE``). Runs save the rule they used, so a run
-        trained with the threshold default keeps it."""
+        """``auto``: the Sparsemax-SAE infers with the rule it trains with (``sparsemax``): each
+        input's own support, or with the batch support its running batch threshold. (A
+        threshold on a model trained with per-input supports, once the default, follows input
+        difficulty more at 512 units but loses most of the reconstruction at 4 096; see the
+        README.) A configuration saved before the setting existed: its own support
+        (``SAVED_BEFORE``). Runs save the rule they used, so a run trained with the threshold
+        default keeps it."""
         return self._resolved("inference")
 
     def resolved_support(self) -> str:
-        """``auto``: each input's own projection (``input``); a configuration saved before the
-        setting existed: the same (``SAVED_BEFORE``)."""
+        """``auto``: the batch support for the Sparsemax-SAE (chosen by the published
+        comparisons: it follows input difficulty as BatchTopK does at BatchTopK's FVU; see the
+        README), unless its values, temperature or inference ask for a per-input design
+        (``sae.variants.AUTO_DEPENDS``); ``input`` for a configuration saved before the setting
+        existed (``SAVED_BEFORE``)."""
         return self._resolved("support")
 
     def resolved_init(self) -> str:

@@ -32,8 +32,8 @@ class Variant:
     torch). ``budget``: ``"penalty"`` (λ weighs a sparsity penalty) or ``"fixed"`` (k sets
     the (mean) L0; λ is not used; its dead units are remedied by AuxK). ``settings``: the
     model-specific settings (field names) that apply to this variant. ``auto``: what an ``auto``
-    setting resolves to for it (``values``, ``temperature``, ``init``, ``inference``), where that
-    differs from the common default (:data:`AUTO_DEFAULTS`).
+    setting resolves to for it (``values``, ``temperature``, ``init``, ``inference``,
+    ``support``), where that differs from the common default (:data:`AUTO_DEFAULTS`).
     """
 
     name: str
@@ -52,12 +52,14 @@ class Variant:
 
     def resolved(self, name: str, settings: Mapping[str, object] | None = None) -> str:
         """What setting ``name`` = ``auto`` means for this variant, given the other ``settings``
-        (field names) where its meaning depends on one of them (:data:`AUTO_DEPENDS`)."""
+        (field names) where its meaning depends on them (:data:`AUTO_DEPENDS`)."""
         meant = self.auto.get(name, AUTO_DEFAULTS[name])
         if name in AUTO_DEPENDS and settings is not None:
-            other, rule = AUTO_DEPENDS[name]
-            value = settings.get(other, "auto")
-            meant = rule(meant, self.resolved(other, settings) if value == "auto" else value)
+            def value(other: str) -> str:  # another setting as this variant resolves it
+                given = settings.get(other, "auto")
+                return self.resolved(other, settings) if given == "auto" else str(given)
+
+            meant = AUTO_DEPENDS[name](meant, value, settings)
         return meant
 
 
@@ -65,15 +67,35 @@ class Variant:
 AUTO_DEFAULTS = {"values": "shrunk", "temperature": "global", "init": "random",
                  "inference": "sparsemax", "support": "input"}
 
-# an ``auto`` whose meaning depends on another (resolved) setting: that setting's name, and what
-# the variant's ``auto`` becomes given its value. A threshold at inference is put on unshrunk
-# values, so with shrunk ones the model keeps its own per-input support whatever auto means.
-AUTO_DEPENDS: dict[str, tuple[str, Callable[[str, str], str]]] = {
-    "inference": ("values", lambda meant, values: "sparsemax" if values == "shrunk" else meant),
+# an ``auto`` whose meaning depends on other settings: what the variant's ``auto`` (``meant``)
+# becomes, given ``value(name)``, another setting as resolved, and the ``settings`` as given.
+AutoRule = Callable[[str, Callable[[str], str], Mapping[str, object]], str]
+
+
+def _inference(meant: str, value: Callable[[str], str], settings: Mapping[str, object]) -> str:
+    # a threshold at inference is put on unshrunk values, so with shrunk ones the model keeps
+    # its own per-input support whatever auto means
+    return "sparsemax" if value("values") == "shrunk" else meant
+
+
+def _support(meant: str, value: Callable[[str], str], settings: Mapping[str, object]) -> str:
+    # the batch support needs unshrunk-ste values, one temperature per group and its own
+    # threshold at inference; asking for any other of these asks for a per-input support. The
+    # temperature is read as given (its own auto follows the support)
+    per_input = (value("values") != "unshrunk-ste" or value("inference") == "threshold"
+                 or settings.get("temperature", "auto") not in ("auto", "global"))
+    return "input" if per_input else meant
+
+
+def _temperature(meant: str, value: Callable[[str], str],
+                 settings: Mapping[str, object]) -> str:
     # a batch support's scores keep their scale, which is what lets an input with higher
     # scores take more of the batch's units; the per-input temperatures divide it away
-    "temperature": ("support", lambda meant, support: "global" if support == "batch" else meant),
-}
+    return "global" if value("support") == "batch" else meant
+
+
+AUTO_DEPENDS: dict[str, AutoRule] = {
+    "inference": _inference, "support": _support, "temperature": _temperature}
 
 VARIANTS: dict[str, Variant] = {}
 
@@ -133,7 +155,8 @@ register(Variant("kl", "sae.models.kl:KLSAE", settings=("rho", "kl_threshold")))
 register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
                  settings=("values", "energy_power", "energy_power_mode", "inference",
                            "support", *_SUPPORT_MAP),
-                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data"}))
+                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data",
+                       "support": "batch"}))
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))
 register(Variant("topk", "sae.models.topk:TopKSAE", budget="fixed"))

@@ -181,8 +181,19 @@ def test_the_batch_support_settings_and_what_a_checkpoint_holds():
     model = build_model(config, torch.rand(20), 2.0)
     assert set(expected_state(pinned.__dict__, "ckpt")) == set(model.state_dict())
     assert {"inference_threshold", "threshold_batches"} <= set(model.state_dict())
-    assert SAEConfig(input_dim=20).resolved_support() == "input"
+    # the default; a setting that asks for a per-input design asks for the per-input support,
+    # and a configuration saved before the setting existed keeps the support it had
+    default = SAEConfig(input_dim=20)
+    assert (default.resolved_support(), default.resolved_temperature()) == ("batch", "global")
+    assert SAEConfig(temperature="global").resolved_support() == "batch"
+    for kw in ({"values": "shrunk"}, {"values": "unshrunk"}, {"temperature": "energy"},
+               {"temperature": "normalized"}, {"inference": "threshold"}, {"support": "input"}):
+        config = SAEConfig(**kw)
+        config.validate()
+        assert config.resolved_support() == "input", kw
+    assert SAEConfig(support="input").resolved_temperature() == "energy"
     assert SAEConfig.from_dict({"model": "sparsemax"}).resolved_support() == "input"
+    assert SAEConfig(model="entmax").resolved_support() == "input"
     for kw, message in (({"model": "entmax"}, "--support batch applies to --model sparsemax"),
                         ({"values": "shrunk"}, "--support batch needs --values unshrunk-ste"),
                         ({"temperature": "energy"}, "--support batch has one temperature"),

@@ -332,9 +332,9 @@ def test_state_dict_keys_are_those_of_saved_checkpoints(name, arch):
     expected = SHARED_KEYS + (MLP_KEYS if arch == "mlp" else [])
     if name in ("sparsemax", "entmax"):
         expected += SUPPORT_KEYS
-    if name == "sparsemax":  # the default energy temperature's power (an earlier default's
-        expected += ["energy_exponent"]  # checkpoint, saved with auto, loads without it)
-        # (and with a threshold at inference its running mean: see the test below)
+    if name == "sparsemax":  # the default batch support's running threshold (a checkpoint
+        # saved before it, with a per-input support, loads without it: see the tests below)
+        expected += ["inference_threshold", "threshold_batches"]
     if name == "entmax":
         expected += ["entmax.alpha_raw"]
     if name == "batchtopk":
@@ -346,10 +346,14 @@ def test_state_dict_keys_are_those_of_saved_checkpoints(name, arch):
 
 
 def test_a_threshold_at_inference_saves_its_running_mean_with_the_weights():
-    # the Sparsemax-SAE's default before its own support (a checkpoint saved before the rule
-    # existed loads without these, with its own support at inference)
-    own = small_model("sparsemax", dead_guard="none")
-    model = small_model("sparsemax", dead_guard="none", inference="threshold")
+    # the per-input support (the default before the batch support) with the energy temperature
+    # has its power and no threshold; a threshold at inference (the default before that) adds
+    # its running mean (a checkpoint saved before the rule existed loads without these, with
+    # its own support at inference)
+    own = small_model("sparsemax", dead_guard="none", support="input")
+    assert "energy_exponent" in own.state_dict()
+    assert "inference_threshold" not in own.state_dict()
+    model = small_model("sparsemax", dead_guard="none", support="input", inference="threshold")
     assert sorted(model.state_dict()) == sorted(
         [*own.state_dict(), "inference_threshold", "threshold_batches"])
 

@@ -119,8 +119,8 @@ def test_the_energy_power_starts_where_it_is_set_and_stays_there_when_fixed():
     models = {}
     for mode in ("learn", "fixed"):
         torch.manual_seed(0)
-        config = SAEConfig(input_dim=20, hidden=32, groups=2, energy_power=1.5,
-                           energy_power_mode=mode)
+        config = SAEConfig(input_dim=20, hidden=32, groups=2, temperature="energy",
+                           energy_power=1.5, energy_power_mode=mode)
         config.validate()
         models[mode] = build_model(config, torch.rand(20), 2.0).double()
         assert torch.equal(models[mode].energy_exponent, torch.full((2,), 1.5, dtype=torch.float64))
@@ -381,9 +381,10 @@ def _l0_after_training(data, steps, **settings):
 @pytest.mark.parametrize("values", ["shrunk", "unshrunk-ste"])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_lambda_lowers_l0_in_every_mode(mnist_small, temperature, values):
-    # each training mode with the support it trains with (the threshold rule: the test below)
+    # each training mode with the per-input support it trains with (the threshold rule: the
+    # test below; the batch support: test_batch_support.py)
     l0s = [_l0_after_training(mnist_small, 160, lam=lam, temperature=temperature, values=values,
-                              inference="sparsemax") for lam in (0.001, 0.03)]
+                              inference="sparsemax", support="input") for lam in (0.001, 0.03)]
     assert l0s[0] > 1.3 * l0s[1] and l0s[1] > 1.5, l0s
 
 
@@ -432,9 +433,13 @@ def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, v
 
 # ---- the default and configurations saved before it ------------------------------------------
 
-def test_the_default_is_the_energy_temperature_with_values_that_grow_back():
+def test_the_default_is_the_batch_support_with_values_that_grow_back():
     default = SAEConfig()
-    assert (default.resolved_temperature(), default.resolved_values()) == (
+    assert (default.resolved_support(), default.resolved_temperature(),
+            default.resolved_values()) == ("batch", "global", "unshrunk-ste")
+    # with a per-input support the default temperature is the energy one
+    per_input = SAEConfig(support="input")
+    assert (per_input.resolved_temperature(), per_input.resolved_values()) == (
         "energy", "unshrunk-ste")
     entmax = SAEConfig(model="entmax")
     assert (entmax.resolved_temperature(), entmax.resolved_values()) == ("global", "shrunk")
@@ -449,15 +454,18 @@ def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meanin
     from sae.config import pin_auto
 
     # a new run pins auto: its config.yaml and checkpoint name the mode, not auto
-    for model, expected in (("sparsemax", ("energy", "unshrunk-ste")),
+    for model, expected in (("sparsemax", ("global", "unshrunk-ste")),
                             ("entmax", ("global", "auto")), ("l1", ("auto", "auto"))):
         sae = run_config(["--model", model, "--out", str(tmp_path / model)]).sae
         assert (sae.temperature, sae.values) == expected, model
         sae.validate()
     # so does a model built from the Python API: its checkpoint names the modes
     built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
-    assert built.hparams["config"]["temperature"] == "energy"
+    assert built.hparams["config"]["support"] == "batch"
+    assert built.hparams["config"]["temperature"] == "global"
     assert built.hparams["config"]["values"] == "unshrunk-ste"
+    assert run_config(["--support", "input", "--out", str(tmp_path / "own")]).sae.temperature \
+        == "energy"
     assert pin_auto({"model": "sparsemax", "temperature": "learned", "values": "auto"}) == {
         "model": "sparsemax", "temperature": "learned", "values": "unshrunk-ste"}
     # a checkpoint saved with auto was saved when auto meant the normalized temperature
@@ -494,9 +502,14 @@ def test_the_default_infers_with_its_own_support_and_a_run_keeps_the_rule_it_sav
     assert SAEConfig(model="l1").resolved_inference() == "sparsemax"
     assert pin_auto({"model": "l1", "inference": "auto"})["inference"] == "auto"
     assert run_config(["--model", "sparsemax"]).sae.inference == "sparsemax"
-    built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
+    # with the per-input support, nothing to track; the batch support (the default) infers
+    # with the running mean of its batch threshold, which its checkpoint holds
+    built = build_model(SAEConfig(input_dim=20, hidden=32, support="input"), torch.rand(20), 2.0)
     assert built.hparams["config"]["inference"] == "sparsemax" and built.inference == "sparsemax"
     assert "inference_threshold" not in dict(built.named_buffers())
+    batch = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
+    assert batch.hparams["config"]["inference"] == "sparsemax"
+    assert "inference_threshold" in dict(batch.named_buffers())
     # the threshold is asked for by name, and needs unshrunk values
     SAEConfig(inference="threshold").validate()
     with pytest.raises(ValueError, match="--inference threshold applies"):
@@ -535,7 +548,7 @@ def test_the_inference_threshold_trains_as_sparsemax_and_keeps_as_many_units_at_
     models = {}
     for rule in ("sparsemax", "threshold"):
         torch.manual_seed(0)
-        config = SAEConfig(input_dim=20, hidden=32, inference=rule)
+        config = SAEConfig(input_dim=20, hidden=32, inference=rule, support="input")
         config.validate()
         models[rule] = build_model(config, torch.rand(20), 2.0, init_inputs=x[:32]).double()
     own, thr = models["sparsemax"], models["threshold"]

@@ -35,9 +35,10 @@ class SparsemaxSAE(SparseAutoencoder):
     (L0 ≈ 6 of 512 after an epoch on MNIST). The code carries magnitude through r (Σ_j h_j = r,
     and any non-negative h can be written this way), which a raw sparsemax code cannot (Σ p = 1).
 
-    ``--model sparsemax`` defaults (``auto``) to the energy temperature with ``unshrunk-ste``
-    values, chosen by comparing the candidates at equal L0 (the README gives the runs);
-    ``EntmaxSAE`` keeps the global temperature and shrunk values.
+    ``--model sparsemax`` defaults (``auto``) to the batch support with ``unshrunk-ste`` values
+    and the global temperature, and with a per-input support to the energy temperature, chosen
+    by comparing the candidates at equal L0 (the README gives the runs); ``EntmaxSAE`` keeps
+    the global temperature and shrunk values.
 
     **Temperature** (``temperature``), with a learned T_g = exp(log T_g) per group in every mode:
 
@@ -136,7 +137,9 @@ class SparsemaxSAE(SparseAutoencoder):
     the reconstruction, so it is not the default (the README gives what each rule costs and
     gains on the same trained models).
 
-    **Support** (``support``; ``auto`` = ``input``). ``input``: each input's scores are
+    **Support** (``support``; ``auto`` = ``batch``, the default since the published
+    comparisons chose it; ``input`` where the values, temperature or inference ask for a
+    per-input design). ``input``: each input's scores are
     projected onto its own simplex, as above. ``batch``: the whole batch's scores are projected
     at once, per group, onto {p >= 0, Σ_{i,j} p_ij = B} (``project``), as BatchTopK takes the
     top k·B of a batch where TopK takes each input's top k:
