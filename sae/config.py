@@ -111,12 +111,13 @@ class SAEConfig:
                              "that keeps as many units as sparsemax kept (as BatchTopK's)",
                              choices=("auto", "sparsemax", "threshold"))
     support: str = setting("auto", "sparsemax: what one projection onto the simplex covers; "
-                           "auto = batch (input when --values, --temperature or --inference "
-                           "ask for a per-input design); input, each input's scores (its own "
-                           "support, mass 1 per input); batch, the whole batch's scores at "
-                           "once (mass B over the batch, so an input with higher scores gets "
-                           "more units, as BatchTopK to TopK), with the batch threshold's "
-                           "running mean at inference; its auto temperature is global",
+                           "auto = batch (input when --values, --temperature, --inference "
+                           "or --energy-power ask for a per-input design); input, each "
+                           "input's scores (its own support, mass 1 per input); batch, the "
+                           "whole batch's scores at once (mass B over the batch, so an input "
+                           "with higher scores gets more units, as BatchTopK to TopK), with "
+                           "the batch threshold's running mean at inference; its auto "
+                           "temperature is global",
                            choices=("auto", "input", "batch"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",

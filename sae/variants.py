@@ -80,10 +80,13 @@ def _inference(meant: str, value: Callable[[str], str], settings: Mapping[str, o
 
 def _support(meant: str, value: Callable[[str], str], settings: Mapping[str, object]) -> str:
     # the batch support needs unshrunk-ste values, one temperature per group and its own
-    # threshold at inference; asking for any other of these asks for a per-input support. The
-    # temperature is read as given (its own auto follows the support)
+    # threshold at inference; asking for any other of these, or for the energy temperature's
+    # power, asks for a per-input support. The temperature is read as given (its own auto
+    # follows the support)
     per_input = (value("values") != "unshrunk-ste" or value("inference") == "threshold"
-                 or settings.get("temperature", "auto") not in ("auto", "global"))
+                 or settings.get("temperature", "auto") not in ("auto", "global")
+                 or settings.get("energy_power", 0.0) != 0.0
+                 or settings.get("energy_power_mode", "learn") != "learn")
     return "input" if per_input else meant
 
 

@@ -187,7 +187,8 @@ def test_the_batch_support_settings_and_what_a_checkpoint_holds():
     assert (default.resolved_support(), default.resolved_temperature()) == ("batch", "global")
     assert SAEConfig(temperature="global").resolved_support() == "batch"
     for kw in ({"values": "shrunk"}, {"values": "unshrunk"}, {"temperature": "energy"},
-               {"temperature": "normalized"}, {"inference": "threshold"}, {"support": "input"}):
+               {"temperature": "normalized"}, {"inference": "threshold"}, {"support": "input"},
+               {"energy_power": 1.5}, {"energy_power_mode": "fixed"}):
         config = SAEConfig(**kw)
         config.validate()
         assert config.resolved_support() == "input", kw
