@@ -161,9 +161,13 @@ def test_resampling_revives_dead_units(mnist_small):
     assert float(model.b_enc[:16].min()) > -1.0
 
 
-def test_resampled_sparsemax_units_enter_the_support(mnist_small):
+@pytest.mark.parametrize("support", ["input", "batch"])
+def test_resampled_sparsemax_units_enter_the_support(mnist_small, support):
+    # early in training the batch support's θ is still near 0 and can be negative, where a
+    # unit admitted just above it carried ReLU(score) = 0 and stayed dead
+    torch.manual_seed(0)
     config = SAEConfig(model="sparsemax", hidden=64, dead_window=256, resample_every=4,
-                       resample_until=1.0)
+                       resample_until=1.0, support=support)
     model = build_model(config, mnist_small.train_mean, data_var=50.0)
     with torch.no_grad():
         model.b_enc[:16] = -1e4  # out-scored by every other unit on every input

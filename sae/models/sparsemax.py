@@ -323,7 +323,10 @@ class SparsemaxSAE(SparseAutoencoder):
         of the support's typical share E_p[p], so that it enters the support on its input and
         on inputs like it, not on every input (the bias does not depend on the input). With
         ``support: batch`` τ is the batch threshold's running mean θ (what inference uses) and
-        the share that of the input's p = (s − θ)₊, Σ p² / Σ p.
+        the share that of the input's p = (s − θ)₊, Σ p² / Σ p. With unshrunk values a unit
+        carries ReLU(score), so it fires only where its score is above max(τ, 0), and the
+        target is taken above that: early in training τ can be negative (the batch's θ starts
+        near 0 and all scores are small), and units admitted just above it carried nothing.
         The global and learned temperatures do not depend on the bias, so one step is exact;
         the normalized and energy ones include the new scores in their spread, and the bias is
         its fixed point, found by iterating to rounding level (each step moves one of n scores,
@@ -352,6 +355,8 @@ class SparsemaxSAE(SparseAutoencoder):
                 tau = self.batch_threshold().expand(n, G)
                 p = F.relu(scores - tau[..., None])
                 share = p.pow(2).sum(-1) / p.sum(-1).clamp_min(torch.finfo(p.dtype).tiny)
+            if self.values_mode != "shrunk":  # an unshrunk value is ReLU(score): the unit
+                tau = tau.clamp_min(0)  # carries one only where its score is also above 0
             target = T[rows, group] * (tau[rows, group] + self.ADMISSION_SHARE * share[rows, group])
             step, bias = target - without_bias[rows, rows] - bias, target - without_bias[rows, rows]
             tol = 16 * torch.finfo(a.dtype).eps * target.abs().max().clamp_min(self.min_spread)
