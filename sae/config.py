@@ -202,9 +202,9 @@ class SAEConfig:
     def resolved_support(self) -> str:
         """``auto``: the batch support for the Sparsemax-SAE (chosen by the published
         comparisons: it follows input difficulty as BatchTopK does at BatchTopK's FVU; see the
-        README), unless its values, temperature or inference ask for a per-input design
-        (``sae.variants.AUTO_DEPENDS``); ``input`` for a configuration saved before the setting
-        existed (``SAVED_BEFORE``)."""
+        README), unless its values, temperature, inference or energy power ask for a per-input
+        design (``sae.variants.AUTO_DEPENDS``); ``input`` for a configuration saved before the
+        setting existed (``SAVED_BEFORE``)."""
         return self._resolved("support")
 
     def resolved_init(self) -> str:

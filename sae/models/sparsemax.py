@@ -138,8 +138,8 @@ class SparsemaxSAE(SparseAutoencoder):
     gains on the same trained models).
 
     **Support** (``support``; ``auto`` = ``batch``, the default since the published
-    comparisons chose it; ``input`` where the values, temperature or inference ask for a
-    per-input design). ``input``: each input's scores are
+    comparisons chose it; ``input`` where the values, temperature, inference or energy power ask
+    for a per-input design). ``input``: each input's scores are
     projected onto its own simplex, as above. ``batch``: the whole batch's scores are projected
     at once, per group, onto {p >= 0, Σ_{i,j} p_ij = B} (``project``), as BatchTopK takes the
     top k·B of a batch where TopK takes each input's top k:
