@@ -488,12 +488,13 @@ def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meanin
                              "global"]).temperature == "global"
 
 
-def test_the_default_infers_with_its_own_support_and_a_run_keeps_the_rule_it_saved():
+def test_the_default_inference_is_the_supports_own_rule_and_a_run_keeps_the_rule_it_saved():
     from sae.cli import run_config
     from sae.config import pin_auto
     from sae.variants import variant
 
-    # the default: sparsemax's own support at inference, whatever the values
+    # the default rule, whatever the values: the support's own (the per-input support's
+    # projection, or the batch support's running threshold), never the threshold setting
     for values in ("auto", "unshrunk-ste", "unshrunk", "shrunk"):
         assert SAEConfig(values=values).resolved_inference() == "sparsemax"
         assert variant("sparsemax").resolved("inference", {"values": values}) == "sparsemax"
