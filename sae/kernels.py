@@ -91,6 +91,7 @@ def _compile():
                 s += y if on else 0.0
                 k += 1.0 if on else 0.0
             k_prev = k
+            t_prev = -1.0  # where k_prev was counted
             t = (s - 1.0) / k
             for _ in range(n):
                 s = 0.0
@@ -102,7 +103,11 @@ def _compile():
                     k += 1.0 if on else 0.0
                 if k == k_prev:
                     break
+                if k > k_prev:  # rounding (an entry at the threshold): the previous t, as
+                    t = t_prev  # the tensor-op path does
+                    break
                 k_prev = k
+                t_prev = t
                 t = (s - 1.0) / k
             for j in range(n):
                 d = np.float64(c[j]) - t

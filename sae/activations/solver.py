@@ -114,21 +114,37 @@ def _michelot(c: Tensor, t: Tensor, k_prev: Tensor | None) -> tuple[Tensor, Tens
     """Exact sparsemax threshold of the rows of c from a lower bound t (Michelot, 1986).
 
     Each pass sets t to (sum of the entries above t - 1) / (their number); the support shrinks
-    until it stops changing, and then t is exact. k_prev: the support size of the previous
+    until it stops changing, and then t is exact. In exact arithmetic a support never grows; in
+    floating point an entry that lies at the threshold within rounding can make it grow back by
+    one and cycle, t moving by one ulp each way, for ever. So a row whose support grows goes
+    back to the t of the pass before, whose smaller support holds every entry above it, and
+    stays there: exact to rounding (its map sums to 1 within rounding). The passes stop when
+    every row's support is unchanged or has grown. k_prev: the support size of the previous
     pass, if known. Returns (threshold, the sparsemax of c, support size): the pass that shows
-    the support unchanged has already computed the output.
+    this has already computed the output, unless a support grew.
     """
     r = torch.empty_like(c)
     s = torch.empty_like(c)
-    for _ in range(c.shape[-1] + 1):  # at most n + 1 passes
+    grown = t_prev = None
+    for _ in range(c.shape[-1] + 2):  # a support of n entries shrinks at most n times
         torch.sub(c, t, out=r).relu_()
         k = _count(r, s)
-        if k_prev is not None and torch.equal(k, k_prev):
-            break
-        k_prev = k
-        t = torch.addcdiv(t, r.sum(-1, keepdim=True).sub_(1), k)
-    else:  # out of passes (only if rounding made the support cycle): the map at the last t
+        if k_prev is not None:
+            stopped = k == k_prev
+            grows = k > k_prev
+            if bool(grows.any()):  # rounding: back to the previous t, and stay
+                t = torch.where(grows, t_prev, t)
+                grown = grows if grown is None else grown | grows
+            if bool((stopped if grown is None else stopped | grown).all()):
+                break
+        k_prev, t_prev = k, t
+        step = torch.addcdiv(t, r.sum(-1, keepdim=True).sub_(1), k)
+        t = step if grown is None else torch.where(grown, t, step)
+    else:  # not reached; the map at the last t
+        grown = True
+    if grown is not None:  # the map at the t the grown rows went back to
         torch.sub(c, t, out=r).relu_()
+        k = _count(r, s)
     return t, r, k
 
 
