@@ -60,13 +60,15 @@ def margins(model, a, x_centred):
 # ---- the temperature modes -------------------------------------------------------------------
 
 def test_learned_temperature_starts_exactly_as_the_global_one():
+    # on the same support: auto would give the global temperature the batch support (the
+    # default) and the learned one each input's own, which agree only while every unit is on
     x = torch.rand(16, 20, dtype=torch.float64)
     torch.manual_seed(0)
-    glob = build_model(SAEConfig(input_dim=20, hidden=32, temperature="global"), torch.rand(20),
-                       2.0).double()
+    glob = build_model(SAEConfig(input_dim=20, hidden=32, temperature="global", support="input"),
+                       torch.rand(20), 2.0).double()
     torch.manual_seed(0)
-    learned = build_model(SAEConfig(input_dim=20, hidden=32, temperature="learned"),
-                          torch.rand(20), 2.0).double()
+    learned = build_model(SAEConfig(input_dim=20, hidden=32, temperature="learned",
+                                    support="input"), torch.rand(20), 2.0).double()
     assert torch.equal(glob(x)[1], learned(x)[1])
     # and the head learns: the reconstruction's gradient reaches u
     x_hat, h, extras = learned(x)
