@@ -17,8 +17,9 @@ r"""The solver of the sparse probability maps: the threshold and output of 2-D r
    For sparsemax the Newton step is Michelot's (1986)
    :math:`t \leftarrow (\sum_{x_j > t} x_j - 1) / |\{j : x_j > t\}|`; it stops, exact, when the
    support no longer changes, which the first pass usually shows (the row then has as many
-   entries above the bound as the subset's support). For 1.5-entmax each pass also tries the
-   closed form on the current support :math:`S`,
+   entries above the bound as the subset's support), or, exact to rounding, when rounding
+   makes it grow back (an entry at the threshold: see ``_michelot``). For 1.5-entmax each pass
+   also tries the closed form on the current support :math:`S`,
    :math:`t = \mu_S - \sqrt{4/|S| - \sigma_S^2}`, and keeps it when no entry of :math:`S` lies
    below it: the KKT conditions then hold, so it is exact. The support therefore equals that of
    the sort-based formula. For other :math:`\alpha` (no closed form) the Newton steps, safeguarded
