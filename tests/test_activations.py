@@ -127,10 +127,8 @@ def _rows_with_an_entry_at_the_threshold(n: int, count: int, seed: int = 0) -> t
     while len(rows) < count:
         c = torch.rand(1, n, generator=g) * 0.01
         c = c - c.max()
-        z = c.double().sort(descending=True).values
-        cs = z.cumsum(-1)
-        size = int((1 + torch.arange(1, n + 1, dtype=F64) * z > cs).sum())
-        c[0, int(torch.randint(1, n, (1,), generator=g))] = float((cs[0, size - 1] - 1) / size)
+        tau = threshold_of("sparsemax", c.double(), ref_sparsemax(c.double()))
+        c[0, int(torch.randint(1, n, (1,), generator=g))] = float(tau)
         c = c - c.max()
         t, k_prev = torch.full((1, 1), -1.0), None
         for _ in range(64):
