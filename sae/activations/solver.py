@@ -23,11 +23,13 @@ r"""The solver of the sparse probability maps: the threshold and output of 2-D r
    :math:`t = \mu_S - \sqrt{4/|S| - \sigma_S^2}`, and keeps it when no entry of :math:`S` lies
    below it: the KKT conditions then hold, so it is exact. The support therefore equals that of
    the sort-based formula. For other :math:`\alpha` (no closed form) the Newton steps, safeguarded
-   by bisection where :math:`f` is not convex (:math:`\alpha > 2`), stop at rounding level and the
-   output is renormalised.
+   by a bracket of the root where :math:`f` is not convex (:math:`\alpha > 2`), stop at rounding
+   level and the output is renormalised.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -180,14 +182,15 @@ def _entmax15_exact(c: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Threshold of the rows of c for a per-row alpha, from a lower bound t.
 
-    For alpha <= 2 the steps are Newton's on F(t) = (sum p)^(alpha-1) - 1, the
-    (1/(alpha-1))-norm of (alpha-1)(c - t)_+ minus 1: a norm of convex functions of t, so
-    convex, and the steps rise monotonically to the root; and nearly linear (exactly so on a
-    fixed support of equal entries), so they take fewer steps than Newton's on sum(p) - 1. For
-    alpha > 2 neither is convex, so those rows take Newton steps on f(t) = sum(p) - 1 within a
-    bracket and bisect whenever a step leaves it or the bracket has not halved in two steps.
-    Stops when every step is at rounding level. Returns the threshold, the (unnormalised) map
-    at the last iterate, which is within rounding of it, and a lower bound of the threshold.
+    The steps are Newton's on F(t) = (sum p)^(alpha-1) - 1, the (1/(alpha-1))-norm of
+    (alpha-1)(c - t)_+ minus 1: exactly linear on a fixed support of equal entries, so they
+    take fewer steps than Newton's on sum(p) - 1. For alpha <= 2, F is convex (a norm of convex
+    functions of t), so the steps rise monotonically to the root; those rows stop when every
+    step is at rounding level. For alpha > 2, F is not convex: p_j has a vertical tangent where
+    an entry joins the support, so a step can be tiny far from the root, or overshoot it. Those
+    rows are safeguarded by a bracket of the root (`_Bracket`). Returns the
+    threshold, the (unnormalised) map at the last iterate, which is within rounding of it, and
+    a lower bound of the threshold.
     """
     n = c.shape[-1]
     am1 = alpha - 1
@@ -197,36 +200,81 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     guarded = alpha > 2
     guard = bool(guarded.any())
     lo, hi = t, -((1.0 / n) ** am1) * e  # p_max >= 1/n bounds t from above
-    widths = [hi - lo, hi - lo]
+    if guard:
+        bracket = _Bracket(lo, hi, guarded, eps)
     w = torch.empty_like(c)
     for _ in range(200):
         torch.sub(c, t, out=w).relu_().mul_(am1)
         p = w.pow(e)
         total = p.sum(-1, keepdim=True)
-        f = total - 1
         fp = torch.div(p, w.clamp_min_(tiny), out=w).sum(-1, keepdim=True)  # -f' = sum p/w
-        t_new = t + _norm_step(total, fp, am1, guarded if guard else None)
+        t_new = t + _norm_step(total, fp, am1)
         done = (t_new - t).abs() <= 8 * eps * t.abs()
         if guard:
-            lo = torch.where(f >= 0, t, lo)
-            hi = torch.where(f < 0, t, hi)
-            width = hi - lo
-            bisect = guarded & ((t_new <= lo) | (t_new >= hi) | (width > widths[0] / 2))
-            t_new = torch.where(bisect, (lo + hi) / 2, t_new)
-            widths = [widths[1], width]
-            done = torch.where(guarded, width <= 8 * eps * t.abs(), done)
+            t_new, done = bracket.step(t, total - 1, t_new, done)
         t = t_new
         if bool(done.all()):
             break
-    return t, p, (torch.where(guarded, lo, t) if guard else t)
+    return t, p, (torch.where(guarded, bracket.lo, t) if guard else t)
 
 
-def _norm_step(total: Tensor, fp: Tensor, am1: Tensor, guarded: Tensor | None) -> Tensor:
+class _Bracket:
+    """The safeguard of `_newton_alpha`'s rows with alpha > 2 (`guarded`): a bracket
+    [lo, hi] of the root with f = sum p - 1 >= 0 at lo and < 0 at hi.
+
+    A Newton step is taken when it lands inside the bracket and |f| halves every two steps;
+    otherwise the bracket's secant point (regula falsi) where both ends' f are known, else its
+    midpoint; the midpoint also when |f| has not halved, which guarantees progress. A row stops
+    when its Newton step is at rounding level and so is |f|; or, once the bracket is at rounding
+    level, after one more pass at its secant point: p is so steep where an entry joins the
+    support that a few units of rounding in t move sum p by far more than rounding, and the
+    secant point is then the best estimate.
+    """
+
+    def __init__(self, lo: Tensor, hi: Tensor, guarded: Tensor, eps: float):
+        self.lo, self.hi = lo, hi.expand_as(lo)
+        self.f_lo = torch.full_like(lo, math.inf)
+        self.f_hi = torch.full_like(lo, -math.inf)
+        self.guarded, self.eps = guarded, eps
+        self.residuals = [None, None]  # |f| two passes and one pass ago
+        self.finishing = torch.zeros_like(guarded)
+        self.closed = torch.zeros_like(guarded)  # stopped rows keep their t
+
+    def step(self, t: Tensor, f: Tensor, t_newton: Tensor, done: Tensor):
+        """(next t, done) of every row from this pass's t, f and Newton iterate."""
+        eps = self.eps
+        above = f >= 0
+        self.lo = torch.where(above, t, self.lo)
+        self.f_lo = torch.where(above, f, self.f_lo)
+        self.hi = torch.where(above, self.hi, t)
+        self.f_hi = torch.where(above, self.f_hi, f)
+        lo, hi, f_lo, f_hi = self.lo, self.hi, self.f_lo, self.f_hi
+        closed = self.closed | self.finishing | (done & (f.abs() <= 8 * eps))
+        tight = hi - lo <= 2 * eps * t.abs()
+        known = torch.isfinite(f_lo) & torch.isfinite(f_hi)
+        midpoint = (lo + hi) / 2
+        secant = torch.where(known, lo + (hi - lo) * (f_lo / (f_lo - f_hi)), midpoint)
+        fallback = (t_newton <= lo) | (t_newton >= hi)
+        stalled = torch.zeros_like(fallback)
+        if self.residuals[0] is not None:
+            stalled = f.abs() > torch.clamp_min(self.residuals[0] / 2, 64 * eps)
+        self.residuals = [self.residuals[1], f.abs()]
+        t_next = torch.where(stalled, midpoint, torch.where(fallback, secant, t_newton))
+        # a secant point that rounds to an end (a step below rounding) would stay there
+        t_next = torch.where((t_next <= lo) | (t_next >= hi), midpoint, t_next)
+        t_next = torch.where(tight, secant, t_next)
+        t_next = torch.where(closed, t, t_next)
+        g = self.guarded
+        self.finishing = g & ~closed & tight
+        self.closed = closed
+        return torch.where(g, t_next, t_newton), torch.where(g, closed, done)
+
+
+def _norm_step(total: Tensor, fp: Tensor, am1: Tensor) -> Tensor:
     """Newton's step on F(t) = (sum p)^(alpha-1) - 1 from sum p (`total`) and -d(sum p)/dt
-    (`fp`); on f(t) = sum p - 1 for the `guarded` rows (alpha > 2; None: no such row)."""
+    (`fp`)."""
     norm = total.pow(am1)
-    step = (norm - 1) * total / (am1 * norm * fp)
-    return step if guarded is None else torch.where(guarded, (total - 1) / fp, step)
+    return (norm - 1) * total / (am1 * norm * fp)
 
 
 def _alpha_bound(z: Tensor, alpha: Tensor, steps: int = 3) -> Tensor:
@@ -239,7 +287,7 @@ def _alpha_bound(z: Tensor, alpha: Tensor, steps: int = 3) -> Tensor:
         w = (z - t).relu_().mul_(am1)
         p = w.pow(1 / am1)
         total = p.sum(-1, keepdim=True)
-        t = t + _norm_step(total, p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True), am1, None)
+        t = t + _norm_step(total, p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True), am1)
     return torch.where(alpha > 2, -1.0 / am1, t)
 
 
