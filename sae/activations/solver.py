@@ -11,7 +11,9 @@ r"""The solver of the sparse probability maps: the threshold and output of 2-D r
 2. *Few candidates.* Only blocks whose maximum exceeds the bound can hold support entries. In
    long rows, when these are at most half of the blocks, they are gathered into a small matrix
    and everything else runs on it: the block maxima are then the only full pass over the input,
-   and the output and the input gradient are a zero fill plus a scatter of those blocks.
+   and the output and the input gradient are a zero fill plus a scatter of those blocks. For
+   other :math:`\alpha` each Newton pass costs a ``pow`` per entry, so the passes also gather
+   the single entries above the bound when these are at most half of the row.
 3. *Exact threshold.* From the bound, Newton's method on :math:`f(t) = \sum_j p_j(t) - 1`, which
    is convex and decreasing for :math:`1 < \alpha \le 2`, so the iterates rise monotonically.
    For sparsemax the Newton step is Michelot's (1986)
@@ -188,11 +190,14 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     functions of t), so the steps rise monotonically to the root; those rows stop when every
     step is at rounding level. For alpha > 2, F is not convex: p_j has a vertical tangent where
     an entry joins the support, so a step can be tiny far from the root, or overshoot it. Those
-    rows are safeguarded by a bracket of the root (`_Bracket`). Returns the
-    threshold, the (unnormalised) map at the last iterate, which is within rounding of it, and
-    a lower bound of the threshold.
+    rows are safeguarded by a bracket of the root (`_Bracket`). Every pass costs a pow per
+    entry, so the passes run on the entries above a lower bound of the threshold, gathered anew
+    whenever these are at most half of the current ones. Returns the threshold, the
+    (unnormalised) map at the last iterate, which is within rounding of it, and a lower bound
+    of the threshold.
     """
-    n = c.shape[-1]
+    rows, n = c.shape
+    index = None  # flat indices into the [rows * n] input of the entries c holds (None: all)
     am1 = alpha - 1
     e = 1.0 / am1
     eps = torch.finfo(c.dtype).eps
@@ -200,10 +205,15 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     guarded = alpha > 2
     guard = bool(guarded.any())
     lo, hi = t, -((1.0 / n) ** am1) * e  # p_max >= 1/n bounds t from above
-    if guard:
-        bracket = _Bracket(lo, hi, guarded, eps)
-    w = torch.empty_like(c)
+    bracket = _Bracket(lo, hi, guarded, eps) if guard else None
     for _ in range(200):
+        # Only entries above a lower bound can be in the support. t is one for the rows with
+        # alpha <= 2, whose iterates rise to the root.
+        flat = _select_blocks(c, torch.where(guarded, bracket.lo, t) if guard else t)
+        if flat is not None:
+            c = c.reshape(-1).index_select(0, flat).view(rows, -1)
+            index = flat if index is None else index.index_select(0, flat)
+        w = torch.empty_like(c)
         torch.sub(c, t, out=w).relu_().mul_(am1)
         p = w.pow(e)
         total = p.sum(-1, keepdim=True)
@@ -215,6 +225,8 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
         t = t_new
         if bool(done.all()):
             break
+    if index is not None:
+        p = p.new_zeros(rows * n).index_copy_(0, index, p.reshape(-1)).view(rows, n)
     return t, p, (torch.where(guarded, bracket.lo, t) if guard else t)
 
 
@@ -275,20 +287,6 @@ def _norm_step(total: Tensor, fp: Tensor, am1: Tensor) -> Tensor:
     (`fp`)."""
     norm = total.pow(am1)
     return (norm - 1) * total / (am1 * norm * fp)
-
-
-def _alpha_bound(z: Tensor, alpha: Tensor, steps: int = 3) -> Tensor:
-    """A lower bound of the alpha-entmax threshold of the rows of z: a few Newton steps on F
-    (`_newton_alpha`) from -width, without synchronising. Each step stays below the root where
-    F is convex (alpha <= 2); rows with alpha > 2 keep -width."""
-    am1 = alpha - 1
-    t = torch.full_like(z[:, :1], -1.0) / am1
-    for _ in range(steps):
-        w = (z - t).relu_().mul_(am1)
-        p = w.pow(1 / am1)
-        total = p.sum(-1, keepdim=True)
-        t = t + _norm_step(total, p.div_(w.clamp_min_(1e-30)).sum(-1, keepdim=True), am1)
-    return torch.where(alpha > 2, -1.0 / am1, t)
 
 
 def _sparsemax_exact(c: Tensor, t: Tensor, k_sub: Tensor | None):
@@ -363,7 +361,10 @@ def _solve(x: Tensor, alpha: float | Tensor, m: Tensor | None, part: Tensor | No
             _, lo, _, k_sub, _ = _solve(bz, alpha, None, _partial_maxima(bz))
             flat = _select_blocks(bz, lo)
         elif tensor_alpha:
-            lo = _alpha_bound(bz, alpha)
+            # the subset's threshold, from its safeguarded side for alpha > 2 (where Newton's
+            # iterates are not below the root), less rounding
+            _, _, lo = _newton_alpha(bz, torch.full_like(bz[:, :1], -1.0) * width, alpha)
+            lo = lo - 8 * torch.finfo(lo.dtype).eps * lo.abs()
         else:
             lo, k_sub = _sorted_threshold(bz, alpha)
     if flat is not None:
