@@ -2,6 +2,7 @@
 cadence, checkpoint compatibility, and λ controlling L0."""
 
 import json
+import warnings
 
 import lightning.pytorch as L
 import pytest
@@ -534,3 +535,13 @@ def test_topk_with_no_dead_unit_adds_a_zero_auxk_term():
     assert float(model.extra_loss(x, x_hat, h, extras)) == 0.0
     model.samples_since_fired[:5] = model.config.dead_window
     assert float(model.extra_loss(x, x_hat, h, extras)) > 0.0
+
+
+@pytest.mark.parametrize("mode", ["learn", "anneal", "fixed"])
+def test_entmax_reports_its_alpha_without_a_warning(mode):
+    # a learned alpha is a tensor that requires grad: read as a float it warned in every run
+    model = small_model("entmax", alpha_mode=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alpha = model.result_extras()["alpha"]
+    assert isinstance(alpha, float) and 1.5 <= alpha <= 2.0

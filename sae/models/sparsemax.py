@@ -463,7 +463,8 @@ class EntmaxSAE(SparsemaxSAE):
 
     def result_extras(self) -> dict[str, float]:
         """The α the run ended with (learned, annealed or fixed)."""
-        return {"alpha": float(self.current_alpha())}
+        alpha = self.current_alpha()
+        return {"alpha": float(alpha.detach() if torch.is_tensor(alpha) else alpha)}
 
     def support_map(self, a: Tensor) -> Tensor:
         if self.config.alpha_mode == "anneal":
