@@ -227,7 +227,14 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
             break
     if index is not None:
         p = p.new_zeros(rows * n).index_copy_(0, index, p.reshape(-1)).view(rows, n)
-    return t, p, (torch.where(guarded, bracket.lo, t) if guard else t)
+    if guard:
+        # A guarded row converges from above (its Newton steps overshoot, then fall), so the
+        # bracket's low end can be far below; a closed row's t is within rounding of the root.
+        near = torch.maximum(bracket.lo, t - 64 * eps * t.abs())
+        lo = torch.where(guarded, torch.where(bracket.closed, near, bracket.lo), t)
+    else:
+        lo = t
+    return t, p, lo
 
 
 class _Bracket:
