@@ -368,8 +368,7 @@ def _solve(x: Tensor, alpha: float | Tensor, m: Tensor | None, part: Tensor | No
             _, lo, _, k_sub, _ = _solve(bz, alpha, None, _partial_maxima(bz))
             flat = _select_blocks(bz, lo)
         elif tensor_alpha:
-            # the subset's threshold, from its safeguarded side for alpha > 2 (where Newton's
-            # iterates are not below the root), less rounding
+            # the subset's threshold (a lower bound of the row's for every alpha), less rounding
             _, _, lo = _newton_alpha(bz, torch.full_like(bz[:, :1], -1.0) * width, alpha)
             lo = lo - 8 * torch.finfo(lo.dtype).eps * lo.abs()
         else:
