@@ -84,8 +84,6 @@ def test_presets_are_valid(preset):
     # energy-power and batch-support sweeps its variants alone (the dataset's preset or the
     # threshold sweep holds BatchTopK at those settings)
     expected = set(MODELS) - ({"kl"} if preset.stem.startswith("wide") else set())
-    if preset.stem == "wide":  # 20 epochs; JumpReLU is on the 10-epoch page (wide-threshold)
-        expected -= {"jumprelu"}
     if preset.stem.startswith(("sparsemax-energy-power-", "sparsemax-batch-")):
         expected = {"sparsemax"}
     elif preset.stem.startswith(("sparsemax-candidates-", "sparsemax-energy-",

@@ -51,8 +51,7 @@ def test_every_number_in_the_comparison_is_published():
 def test_published_comparisons_hold_the_new_models_and_measures(name):
     folder = REPO / "figures" / "compare" / name
     results = pd.read_csv(folder / "results.csv")
-    assert {"batchtopk", "sparsemax"} | ({"jumprelu"} if name != "wide" else set()) <= set(
-        results["model"])
+    assert {"batchtopk", "jumprelu", "sparsemax"} <= set(results["model"])
     for column in ("recon_bias", "support_fvu", "adaptivity", "probe_accuracy",
                    "probe_sparsemax_accuracy", "probe_sparsemax_classes", "dead_fraction",
                    "dense_fraction", "wall_time_s"):
