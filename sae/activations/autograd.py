@@ -37,10 +37,9 @@ def _grad_alpha(y: Tensor, g: Tensor, alpha: Tensor, s: Tensor | None = None) ->
     r"""d<g, y>/d alpha per row (Correia, Niculae & Martins, 2019):
     with s = y^(2-alpha), s~ = s / sum(s), h_j = y_j log y_j and H = sum(h),
     sum_j g_j [(y_j - s~_j)/(alpha-1)^2 - (h_j - s~_j H)/(alpha-1)]. s may be given."""
-    pos = y > 0
     s = _support_weights(y, alpha) if s is None else s
     s = s / s.sum(-1, keepdim=True)
-    h = torch.where(pos, y * torch.log(torch.where(pos, y, 1.0)), 0.0)
+    h = torch.xlogy(y, y)  # 0 where y = 0
     ent = h.sum(-1, keepdim=True)
     am1 = alpha - 1
     return (g * ((y - s) / am1**2 - (h - s * ent) / am1)).sum(-1, keepdim=True)

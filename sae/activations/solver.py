@@ -13,7 +13,8 @@ r"""The solver of the sparse probability maps: the threshold and output of 2-D r
    and everything else runs on it: the block maxima are then the only full pass over the input,
    and the output and the input gradient are a zero fill plus a scatter of those blocks. For
    other :math:`\alpha` each Newton pass costs a ``pow`` per entry, so the passes also gather
-   the single entries above the bound when these are at most half of the row.
+   the single entries above the bound when these are at most half of the row; the map and its
+   gradient (a ``pow`` and a ``log`` per entry) are computed on the entries gathered last.
 3. *Exact threshold.* From the bound, Newton's method on :math:`f(t) = \sum_j p_j(t) - 1`, which
    is convex and decreasing for :math:`1 < \alpha \le 2`, so the iterates rise monotonically.
    For sparsemax the Newton step is Michelot's (1986)
@@ -193,8 +194,10 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     rows are safeguarded by a bracket of the root (`_Bracket`). Every pass costs a pow per
     entry, so the passes run on the entries above a lower bound of the threshold, gathered anew
     whenever these are at most half of the current ones. Returns the threshold, the
-    (unnormalised) map at the last iterate, which is within rounding of it, and a lower bound
-    of the threshold.
+    (unnormalised) map at the last iterate, which is within rounding of it, of the entries
+    still gathered, a lower bound of the threshold, and the flat indices into the [rows * n] c
+    of the entries the map holds (None: all of c). Every entry left out is below the
+    threshold: its map and its gradient are 0, so the caller scatters (or does not).
     """
     rows, n = c.shape
     index = None  # flat indices into the [rows * n] input of the entries c holds (None: all)
@@ -206,6 +209,7 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
     guard = bool(guarded.any())
     lo, hi = t, -((1.0 / n) ** am1) * e  # p_max >= 1/n bounds t from above
     bracket = _Bracket(lo, hi, guarded, eps) if guard else None
+    w = None
     for _ in range(200):
         # Only entries above a lower bound can be in the support. t is one for the rows with
         # alpha <= 2, whose iterates rise to the root.
@@ -213,9 +217,10 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
         if flat is not None:
             c = c.reshape(-1).index_select(0, flat).view(rows, -1)
             index = flat if index is None else index.index_select(0, flat)
-        w = torch.empty_like(c)
+        if flat is not None or w is None:  # buffers for this many entries
+            w, p = torch.empty_like(c), torch.empty_like(c)
         torch.sub(c, t, out=w).relu_().mul_(am1)
-        p = w.pow(e)
+        torch.pow(w, e, out=p)
         total = p.sum(-1, keepdim=True)
         fp = torch.div(p, w.clamp_min_(tiny), out=w).sum(-1, keepdim=True)  # -f' = sum p/w
         t_new = t + _norm_step(total, fp, am1)
@@ -225,8 +230,6 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
         t = t_new
         if bool(done.all()):
             break
-    if index is not None:
-        p = p.new_zeros(rows * n).index_copy_(0, index, p.reshape(-1)).view(rows, n)
     if guard:
         # A guarded row converges from above (its Newton steps overshoot, then fall), so the
         # bracket's low end can be far below; a closed row's t is within rounding of the root.
@@ -234,7 +237,7 @@ def _newton_alpha(c: Tensor, t: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, 
         lo = torch.where(guarded, torch.where(bracket.closed, near, bracket.lo), t)
     else:
         lo = t
-    return t, p, lo
+    return t, p, lo, index
 
 
 class _Bracket:
@@ -347,7 +350,8 @@ def _solve(x: Tensor, alpha: float | Tensor, m: Tensor | None, part: Tensor | No
 
     Returns (t, lo, p, k, flat): the threshold, a lower bound of it, the map of the candidates,
     the support size (None for a tensor alpha), and flat, the indices of the gathered
-    candidate blocks that p stands for (None: p covers the whole rows).
+    candidate blocks that p stands for (None: p covers the whole rows); blocks of one entry
+    for a tensor alpha, whose passes gather single entries.
     """
     rows, n = x.shape
     tensor_alpha = isinstance(alpha, Tensor)
@@ -369,7 +373,7 @@ def _solve(x: Tensor, alpha: float | Tensor, m: Tensor | None, part: Tensor | No
             flat = _select_blocks(bz, lo)
         elif tensor_alpha:
             # the subset's threshold (a lower bound of the row's for every alpha), less rounding
-            _, _, lo = _newton_alpha(bz, torch.full_like(bz[:, :1], -1.0) * width, alpha)
+            lo = _newton_alpha(bz, torch.full_like(bz[:, :1], -1.0) * width, alpha)[2]
             lo = lo - 8 * torch.finfo(lo.dtype).eps * lo.abs()
         else:
             lo, k_sub = _sorted_threshold(bz, alpha)
@@ -381,7 +385,12 @@ def _solve(x: Tensor, alpha: float | Tensor, m: Tensor | None, part: Tensor | No
     else:
         c = x if m is None else x - m
     if tensor_alpha:
-        t, p, lo = _newton_alpha(c, lo, alpha)
+        t, p, lo, index = _newton_alpha(c, lo, alpha)
+        if index is not None:  # the entries p holds, as flat indices into x
+            if flat is not None:
+                entries = flat[:, None] * b + torch.arange(b, device=flat.device)
+                index = entries.reshape(-1).index_select(0, index)
+            flat = index
         return t, lo, p, None, flat
     if alpha == 2.0:
         t, p, k = _sparsemax_exact(c, lo, k_sub)
