@@ -62,6 +62,7 @@ def finished(tmp_path_factory, data_dir):
     write_sweep(root)
     result = compare(["engine.yaml", "--jobs", "1", "--out", "sweep"], root, data_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (root / "sweep.log").write_text(result.stdout)
     return root
 
 
@@ -119,6 +120,22 @@ def test_a_killed_sweep_continues_to_the_same_results(finished, data_dir, tmp_pa
                                   "lambda0.03" / "seed3.log").read_text().splitlines()
                 if line.startswith("$ ")]
     assert commands[-1].endswith("--resume")
+
+
+def test_progress_estimates_the_time_left_from_the_runs_trained(finished):
+    p = launch.Progress(total=10, jobs=2, to_train=7)
+    assert p.left() is None  # nothing trained yet: no estimate
+    p.trained, p.trained_seconds, p.failed = 2, 100.0, 1
+    assert p.left() == pytest.approx(50.0 * 2)  # 4 runs left, two slots: two rounds of 50 s
+    p.trained = 6
+    assert p.left() is None  # every run is trained or failed
+    run = spec.plan(spec.load_sweep(finished / "engine.yaml"))[0]
+    p = launch.Progress(total=3, jobs=1, to_train=2)
+    p.trained, p.trained_seconds = 1, 125.0
+    assert p.line(run, "trained in 125.0 s").endswith(", about 2:05 left)")
+    # the sweep says it too, for every trained run but the last
+    lines = [ln for ln in (finished / "sweep.log").read_text().splitlines() if "trained in" in ln]
+    assert ["left)" in ln for ln in lines] == [True, False]
 
 
 @pytest.mark.slow

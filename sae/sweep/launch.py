@@ -13,6 +13,7 @@ keeps two runners out of the same sweep folder.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -371,20 +372,38 @@ def _last_line(path: Path) -> str:
 
 @dataclass
 class Progress:
-    """Counts of the sweep so far, and the one line printed as each run finishes."""
+    """Counts of the sweep so far, and the one line printed as each run finishes.
+
+    Once a run has trained, the line also estimates the time left: the runs still to train
+    (``to_train`` less those finished) times the mean training seconds of the runs so far,
+    shared among the ``jobs`` slots. It counts the running runs as not started, so it errs
+    long by at most one run's time.
+    """
 
     total: int
+    jobs: int = 1
+    to_train: int = 0
     start: float = field(default_factory=time.perf_counter)
     finished: int = 0
     trained: int = 0
     skipped: int = 0
     failed: int = 0
+    trained_seconds: float = 0.0
+
+    def left(self) -> float | None:
+        """Estimated seconds until the last run has trained; None before any has."""
+        left = self.to_train - self.trained - self.failed
+        if self.trained == 0 or left <= 0:
+            return None
+        return self.trained_seconds / self.trained * math.ceil(left / max(1, self.jobs))
 
     def line(self, run: Run, status: str, detail: str = "") -> str:
         self.finished += 1
         width = len(str(self.total))
+        left = self.left()
         counts = (f"{self.trained} trained, {self.skipped} skipped, {self.failed} failed, "
-                  f"{_clock(time.perf_counter() - self.start)} elapsed")
+                  f"{_clock(time.perf_counter() - self.start)} elapsed"
+                  + (f", about {_clock(left)} left" if left is not None else ""))
         text = f"[{self.finished:>{width}}/{self.total}] {run.rel.relative_to('runs')} {status}"
         return f"{text}{' · ' + detail if detail else ''} ({counts})"
 
@@ -416,7 +435,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
     torch.set_num_threads(threads)  # the analysis shares the cores with the trainings
     pool = RunPool(jobs, threads, gpus, logs=sweep_dir / "logs", workers=workers)
     data = DataCache()
-    progress, analyses = Progress(len(runs)), {}
+    progress, analyses = Progress(len(runs), jobs), {}
 
     def analyse(run: Run, folder: Path) -> dict | None:
         try:
@@ -434,6 +453,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
             log = log_path(sweep_dir, run)
             command = train_command(run, folder, states[id(run)])
             pending[pool.submit(run, command, log, analyse=True)] = (run, log)
+    progress.to_train = len(pending)
     try:
         for run in runs:  # finished before: analyse them while the trainings run
             folder = sweep_dir / run.rel
@@ -451,6 +471,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
             code, seconds = future.result()
             if code == 0 and run_state(folder) == "done":
                 progress.trained += 1
+                progress.trained_seconds += seconds
                 a = analyse(run, folder)
                 say(progress.line(run, f"trained in {seconds:.1f} s",
                                   _metrics_note(folder, a)))
