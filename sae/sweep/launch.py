@@ -375,9 +375,9 @@ class Progress:
     """Counts of the sweep so far, and the one line printed as each run finishes.
 
     Once a run has trained, the line also estimates the time left: the runs still to train
-    (``to_train`` less those finished) times the mean training seconds of the runs so far,
-    shared among the ``jobs`` slots. It counts the running runs as not started, so it errs
-    long by at most one run's time.
+    (``to_train`` less those finished) times the mean seconds a trained run held its slot
+    (its training and, in a worker, its analysis), shared among the ``jobs`` slots. It counts
+    the running runs as not started, so it errs long by at most one run's time.
     """
 
     total: int
