@@ -394,6 +394,7 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
                     _SPLITS.pop(next(iter(_SPLITS)))
                 _SPLITS[key] = split
         self._shared = split
+        self._split_key = key if arrays.stamp else None  # names the split's files on disk
         self.train_x, self.train_y = split.train_x, split.train_y
         self.val_x, self.val_y = split.val_x, split.val_y
         self.test_x, self.test_y = split.test_x, split.test_y
@@ -418,13 +419,22 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
 
     def train_pca(self):
         """``sae.metrics.principal_components`` of the training split (the adaptivity measure's
-        reference), computed once per split and process: it costs more than the rest of a short
-        run's test metrics, and a sweep worker's runs (and their analyses) share their split."""
+        reference), computed once per split and machine (:mod:`sae.splitcache`) and kept in
+        memory for the process: it costs more than the rest of a short run's test metrics, and
+        a sweep worker's runs (and their analyses) share their split."""
+        from sae import splitcache
         from sae.metrics import principal_components
 
         self.load()
         if self._shared.pca is None:
-            self._shared.pca = principal_components(self.train_x)
+            key, pca = self._split_key, None
+            if key is not None:
+                pca = splitcache.read_pca(key, self.train_mean)
+            if pca is None:
+                pca = principal_components(self.train_x)
+                if key is not None:
+                    splitcache.write_pca(key, pca)
+            self._shared.pca = pca
         return self._shared.pca
 
     @property
