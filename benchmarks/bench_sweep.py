@@ -10,16 +10,19 @@ its slot was busy; then the sweep's ratio
 
 (1.0 would be a sweep that does nothing but train). ``--engine processes`` times the way of
 earlier versions (every run its own ``python -m sae.run`` process); ``--pages`` keeps the
-per-run figures, feature browser and report on, as sweeps wrote them before.
+per-run figures, feature browser and report on, as sweeps wrote them before; ``--cold`` gives
+the sweep an empty data cache folder (``SAE_CACHE_DIR``), as on a machine that has not yet
+computed the training split's principal components and raw-pixel probes.
 
     SAE_DATA_DIR=../shared/datasets python benchmarks/bench_sweep.py [--jobs 2] [--epochs 1]
-        [--engine workers|processes] [--pages] [--keep DIR]
+        [--engine workers|processes] [--pages] [--cold] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -57,6 +60,7 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--engine", choices=("workers", "processes"), default="workers")
     p.add_argument("--pages", action="store_true", help="per-run figures, browser and report")
+    p.add_argument("--cold", action="store_true", help="an empty data cache folder")
     p.add_argument("--keep", default=None, help="sweep folder to keep (default: a temp folder)")
     args = p.parse_args()
 
@@ -66,10 +70,13 @@ def main() -> int:
     root.mkdir(parents=True)
     (root / "bench.yaml").write_text(yaml.safe_dump(sweep_file(args.epochs, args.pages),
                                                     sort_keys=False))
+    env = dict(os.environ)
+    if args.cold:
+        env["SAE_CACHE_DIR"] = str(root / "cache")
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "sae.compare", str(root / "bench.yaml"),
                              "--out", str(root / "sweep"), "--jobs", str(args.jobs),
-                             "--engine", args.engine], capture_output=True, text=True)
+                             "--engine", args.engine], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if result.returncode != 0:
         print(result.stdout[-2000:], result.stderr[-2000:], sep="\n")
@@ -87,7 +94,8 @@ def main() -> int:
         analysis = _seconds(log, r"# analysed in ([\d.]+) s")
         total_train, total_slot = total_train + train, total_slot + slot
         print(f"{rel:<34} {train:8.1f} {run_total - train:16.1f} {analysis:11.1f} {slot:8.1f}")
-    print(f"\nengine {args.engine}, pages {'on' if args.pages else 'off'}, jobs {args.jobs}, "
+    print(f"\nengine {args.engine}, pages {'on' if args.pages else 'off'}, "
+          f"data cache {'empty' if args.cold else 'as it is'}, jobs {args.jobs}, "
           f"{len(slot_of)} runs of {args.epochs} epoch(s): sweep wall {wall:.0f} s, "
           f"training {total_train:.0f} s, runs' slot time {total_slot:.0f} s")
     print(f"slot-seconds / training-seconds = {args.jobs} × {wall:.0f} / {total_train:.0f} = "

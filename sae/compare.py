@@ -88,8 +88,10 @@ Analysis of a finished run (cached in ``analysis.json`` next to the run's ``metr
 probe's test accuracy (``sae.metrics.linear_probe``: train-set codes -> test-set codes), the mean
 L0 of each class on the test set, and the Pearson correlation between a test input's L0 and its
 ink (sum of pixels; undefined, stored as null, when L0 or ink is constant). The per-sample test L0
-is saved as ``test_l0.npy``. Exit status: 0 when every run finished, 1 when some failed (the
-tables then cover the finished ones), 2 for bad input, 130 when interrupted.
+is saved as ``test_l0.npy``. The tables and plots wait for the last run, but what they need
+before it (the plotting libraries, the raw-pixel probes) is done as soon as a slot has no run
+left to take, while the others still train. Exit status: 0 when every run finished, 1 when some
+failed (the tables then cover the finished ones), 2 for bad input, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ from sae.process import (
     stop_word,
 )
 from sae.rundata import check_sweep_data
+from sae.sweep.analysis import DataCache
 from sae.sweep.launch import (
     check_folders,
     lock,
@@ -122,7 +125,13 @@ from sae.sweep.launch import (
     uses_gpu,
     visible_gpus,
 )
-from sae.sweep.render import FIGURE_FILES, publish_page, relink_page, write_outputs
+from sae.sweep.render import (
+    FIGURE_FILES,
+    prepare_outputs,
+    publish_page,
+    relink_page,
+    write_outputs,
+)
 from sae.sweep.spec import Run, Sweep, load_sweep, plan
 
 
@@ -282,14 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         threads = max(1, total_threads() // args.jobs)
         say(f"sweep {sweep.path.name}: {len(runs)} runs → {args.out} "
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
+        data = DataCache()  # the splits this process loads, shared by the analysis and tables
         try:
-            analyses, failed = run_sweep(args.out, runs, args.jobs, gpus, say,
-                                         workers=args.engine == "workers")
+            analyses, failed = run_sweep(
+                args.out, runs, args.jobs, gpus, say, workers=args.engine == "workers",
+                data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data))
         except STOPS as e:
             return interrupted(e, f"run the same command again to continue ({args.out})")
         failed += report_damaged(args.out, runs, say)
         try:
-            written = write_outputs(args.out, sweep, runs, analyses)
+            written = write_outputs(args.out, sweep, runs, analyses, data)
             say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
                 f" in {args.out}")
             if args.publish is not None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pandas as pd
@@ -172,6 +173,65 @@ def test_a_dead_worker_fails_its_run_and_the_next_gets_a_new_one(tmp_path, monke
     pool.close()
     assert first[0] == 9 and second[0] == 9  # each run reported with the worker's exit code
     assert "ended unexpectedly" in (tmp_path / "a.log").read_text()
+
+
+class _InstantPool:
+    """A RunPool stand-in whose runs finish at once, in the order submitted."""
+
+    def __init__(self, jobs, threads, gpus, logs=None, workers=True):
+        self.sweep_dir = logs.parent
+
+    def submit(self, run, command, log, analyse=False):
+        folder = self.sweep_dir / run.rel
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text("{}")
+        future = Future()
+        future.set_result((0, 1.0))
+        return future
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("jobs, calls", [(1, []), (2, [2]), (4, [1])])
+def test_the_tables_prepare_once_when_a_slot_has_no_run_left(tmp_path, monkeypatch, jobs,
+                                                              calls):
+    """The hook runs once, as soon as a run finishes with fewer runs left than slots (three
+    runs: after the second with two slots, after the first with four); with one slot, never."""
+    data = {**SWEEP, "models": {"l1": {"lambda": [0.01, 0.02, 0.03]}}}
+    runs = spec.plan(spec.load_sweep(write_sweep(tmp_path, data)))
+    monkeypatch.setattr(launch, "RunPool", _InstantPool)
+    monkeypatch.setattr(launch, "analysis_is_current", lambda folder: True)
+    monkeypatch.setattr(launch, "analyse_run", lambda folder, data: {})
+    seen = []
+
+    def on_idle(finished):
+        seen.append(len(finished))
+        assert all((tmp_path / "sweep" / r.rel / "metrics.json").is_file() for r in finished)
+        raise RuntimeError("a failing head start does not stop the sweep")
+
+    analyses, failed = launch.run_sweep(tmp_path / "sweep", runs, jobs, [], lambda line: None,
+                                        on_idle=on_idle)
+    assert (seen, failed, len(analyses)) == (calls, 0, 3)
+
+
+def test_no_gpu_device_node_means_no_gpu_and_no_torch_import(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os, "listdir", lambda path: ["null", "zero", "tty0"])
+    assert not launch.gpu_device_nodes()
+    for nodes in (["nvidia0", "nvidiactl"], ["kfd", "dri"], ["dxg"]):
+        monkeypatch.setattr(os, "listdir", lambda path, nodes=nodes: nodes)
+        assert launch.gpu_device_nodes()
+    monkeypatch.setattr(sys, "platform", "darwin")  # no /dev to tell by: ask torch
+    assert launch.gpu_device_nodes()
+    # on this machine, as a sweep starts: without device nodes, torch is not imported to count
+    code = ("import sys; from sae.sweep.launch import gpu_device_nodes, visible_gpus; "
+            "g = visible_gpus(); print(gpu_device_nodes(), g, 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout.split()
+    if out[0] == "False":
+        assert out[1:] == ["[]", "False"]
 
 
 def test_multi_process_runs_train_as_subprocesses(tmp_path):

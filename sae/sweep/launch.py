@@ -29,12 +29,12 @@ from sae import runfolder
 from sae.cli import UsageError
 from sae.io import open_regular
 from sae.process import PARENT_ENV, RUN_DIR_ENV, STOPS
-from sae.sweep.analysis import DataCache, analyse_run, run_metrics
+from sae.sweep.analysis import DataCache, analyse_run, analysis_is_current, run_metrics
 from sae.sweep.spec import Run
 
-__all__ = ["Progress", "RunPool", "Worker", "check_folders", "in_process", "job_env", "lock",
-           "log_path", "run_state", "run_sweep", "total_threads", "train_command", "uses_gpu",
-           "visible_gpus"]
+__all__ = ["Progress", "RunPool", "Worker", "check_folders", "gpu_device_nodes", "in_process",
+           "job_env", "lock", "log_path", "run_state", "run_sweep", "total_threads",
+           "train_command", "uses_gpu", "visible_gpus"]
 
 
 # --------------------------------------------------------------------------- run folders
@@ -135,9 +135,23 @@ def visible_gpus() -> list[str]:
     """GPU ids the runs may use: $CUDA_VISIBLE_DEVICES when set, else every CUDA device."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g]
+    if not gpu_device_nodes():
+        return []  # importing torch to learn this costs seconds before the first run starts
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_device_nodes() -> bool:
+    """False only where no GPU can be visible: a Linux /dev without the nodes a CUDA or ROCm
+    device needs (``nvidia*``, ``kfd``, WSL's ``dxg``); True where that cannot be told."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        return True
+    return any(n.startswith("nvidia") or n in ("kfd", "dxg") for n in names)
 
 
 def total_threads() -> int:
@@ -422,22 +436,32 @@ def _metrics_note(folder: Path, analysis: dict | None) -> str:
 
 
 def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
-              say: Callable[[str], None], workers: bool = True) -> tuple[dict[Path, dict], int]:
+              say: Callable[[str], None], workers: bool = True, data: DataCache | None = None,
+              on_idle: Callable[[list[Run]], None] | None = None
+              ) -> tuple[dict[Path, dict], int]:
     """Train what is missing, analyse what is finished; returns (analyses, failures).
 
     With ``workers`` (the default) single-process runs train, and are analysed, in long-lived
     worker processes (:class:`Worker`); otherwise each run is a ``sae.run`` subprocess and the
-    analysis runs here.
+    analysis runs here, with the data splits of ``data``. ``on_idle(finished runs)`` is called
+    once, as soon as a run finishes with fewer runs left to finish than there are slots (so a
+    slot has nothing to train while others do): the work that must wait for the last run
+    (the tables and plots) can prepare there, on a core that would otherwise idle.
     """
-    import torch
-
     threads = max(1, total_threads() // jobs)
-    torch.set_num_threads(threads)  # the analysis shares the cores with the trainings
+    # the workers start first: this process imports torch only when it has work of its own
     pool = RunPool(jobs, threads, gpus, logs=sweep_dir / "logs", workers=workers)
-    data = DataCache()
+    data = DataCache() if data is None else data
     progress, analyses = Progress(len(runs), jobs), {}
 
+    def share_cores() -> None:  # this process's own work shares the cores with the trainings
+        import torch
+
+        torch.set_num_threads(threads)
+
     def analyse(run: Run, folder: Path) -> dict | None:
+        if not analysis_is_current(folder):  # a worker's analysis is read, not redone
+            share_cores()
         try:
             analyses[folder] = analyse_run(folder, data)
         except Exception as e:  # a broken checkpoint must not cost the other runs' tables
@@ -454,6 +478,8 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
             command = train_command(run, folder, states[id(run)])
             pending[pool.submit(run, command, log, analyse=True)] = (run, log)
     progress.to_train = len(pending)
+    idle_called, completed = on_idle is None, 0
+    finished: list[Run] = [run for run in runs if states[id(run)] == "done"]
     try:
         for run in runs:  # finished before: analyse them while the trainings run
             folder = sweep_dir / run.rel
@@ -472,6 +498,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
             if code == 0 and run_state(folder) == "done":
                 progress.trained += 1
                 progress.trained_seconds += seconds
+                finished.append(run)
                 a = analyse(run, folder)
                 say(progress.line(run, f"trained in {seconds:.1f} s",
                                   _metrics_note(folder, a)))
@@ -479,6 +506,14 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
                 progress.failed += 1
                 say(progress.line(run, f"FAILED (exit {code})",
                                   f"{_last_line(log)} [log: {log}]"))
+            completed += 1
+            if not idle_called and 0 < len(pending) - completed < jobs:
+                idle_called = True
+                share_cores()
+                try:
+                    on_idle(list(finished))
+                except Exception:  # noqa: BLE001 (only a head start: the tables redo it and
+                    pass           # report what fails)
     except STOPS:  # Ctrl-C, or SIGTERM to the sweep
         pool.stop()
         raise

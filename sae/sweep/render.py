@@ -31,8 +31,8 @@ from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
 
 __all__ = ["FIGURE_FILES", "comparison_html", "comparison_markdown", "findings", "legend",
-           "publish_page", "related_links", "relink_page", "see_also_html", "see_also_markdown",
-           "write_outputs"]
+           "prepare_outputs", "publish_page", "related_links", "relink_page", "see_also_html",
+           "see_also_markdown", "write_outputs"]
 
 FIGURE_FILES = {
     "fvu_vs_l0.png": "Reconstruction vs sparsity. Top: FVU against mean L0 of the models with "
@@ -401,16 +401,30 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
         intro=intro, notes=[(LEGEND_SUMMARY, legend())], sections=sections)
 
 
+def prepare_outputs(sweep_dir: Path, finished: list[Run], data: DataCache) -> None:
+    """What :func:`write_outputs` needs before its first table, done ahead of it: the
+    plotting libraries imported and the raw-pixel probes of the finished runs' data splits
+    (raw_probe.json, with their data in ``data``). A sweep calls it while its last runs train,
+    so that the outputs follow the last run within seconds."""
+    from sae import figures  # noqa: F401 (imported for its cost, now)
+    from sae.sweep import plots  # noqa: F401
+
+    if finished:
+        raw_probes(sweep_dir, finished, data)
+
+
 def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
-                  analyses: dict[Path, dict]) -> list[Path]:
-    """results.csv, comparison.md/html and the plots; returns the files written."""
+                  analyses: dict[Path, dict], data: DataCache | None = None) -> list[Path]:
+    """results.csv, comparison.md/html and the plots; returns the files written. ``data``:
+    the data splits already loaded (for the raw-pixel probes), if any."""
     from sae import figures
     from sae.sweep import plots
     from sae.sweep.aggregate import PROBE_METRICS, match_kl, summarize_seeds
 
     done = [r for r in runs if run_state(sweep_dir / r.rel) == "done"]
     results, l0, per_class = collect(sweep_dir, done, analyses)
-    raw = raw_by_dataset(raw_probes(sweep_dir, done, DataCache()) if done else [], runs)
+    data = DataCache() if data is None else data
+    raw = raw_by_dataset(raw_probes(sweep_dir, done, data) if done else [], runs)
     summary = summarize_seeds(results)
     matched = match_kl(summary)
     written = []
