@@ -428,12 +428,13 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
         self.load()
         if self._shared.pca is None:
             key, pca = self._split_key, None
+            folder = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
             if key is not None:
-                pca = splitcache.read_pca(key, self.train_mean)
+                pca = splitcache.read_pca(folder, key, self.train_mean)
             if pca is None:
                 pca = principal_components(self.train_x)
                 if key is not None:
-                    splitcache.write_pca(key, pca)
+                    splitcache.write_pca(folder, key, pca)
             self._shared.pca = pca
         return self._shared.pca
 

@@ -3,8 +3,9 @@
 The adaptivity measure needs the PCA of the training images (``sae.metrics.principal_components``:
 a float64 covariance of 55 000 × 784 and its eigendecomposition, about two seconds on one core).
 Every run's test metrics ask for it, and every process (each ``sae.run``, each sweep worker)
-computed it again. Here it is written once per data split to the data cache folder
-(``sae.data.default_cache_dir``) and read by the processes after.
+computed it again. Here it is written once per data split to the data cache folder (the data
+module's ``cache_dir``, by default ``$SAE_CACHE_DIR`` or ``~/.cache/sae``) and read by the
+processes after.
 
 A file is named by a hash of its key: the data files' stamp (path, size and modification time of
 each), the split settings and :data:`VERSION`. It holds plain arrays (``.npz``, read without
@@ -34,21 +35,19 @@ def _key_text(key: tuple) -> str:
     return json.dumps([VERSION, key], default=str)
 
 
-def _path(key: tuple) -> Path:
-    from sae.data import default_cache_dir
-
+def _path(folder: Path, key: tuple) -> Path:
     digest = hashlib.sha256(_key_text(key).encode()).hexdigest()[:32]
-    return default_cache_dir() / "splits" / f"pca-{digest}.npz"
+    return Path(folder) / "splits" / f"pca-{digest}.npz"
 
 
-def read_pca(key: tuple, train_mean: torch.Tensor):
-    """The cached ``PCA`` of the split named by ``key`` whose mean image is ``train_mean`` [D]
-    (float32 or float64); None when there is none that passes every check."""
+def read_pca(folder: Path, key: tuple, train_mean: torch.Tensor):
+    """The ``PCA`` cached in ``folder`` for the split named by ``key`` whose mean image is
+    ``train_mean`` [D] (float32 or float64); None when there is none that passes every check."""
     from sae.metrics.dynamic import PCA
 
     d = train_mean.shape[0]
     try:
-        with np.load(_path(key), allow_pickle=False) as z:
+        with np.load(_path(folder, key), allow_pickle=False) as z:
             if str(z["key"]) != _key_text(key):
                 return None
             arrays = [z[name] for name in ("mean", "basis", "variances")]
@@ -64,11 +63,11 @@ def read_pca(key: tuple, train_mean: torch.Tensor):
     return PCA(mean, torch.from_numpy(basis), torch.from_numpy(variances))
 
 
-def write_pca(key: tuple, pca) -> None:
-    """Keep ``pca`` for the split named by ``key``; a cache folder that cannot be written
-    (read-only, full) only costs the next process the computation."""
+def write_pca(folder: Path, key: tuple, pca) -> None:
+    """Keep ``pca`` in ``folder`` for the split named by ``key``; a folder that cannot be
+    written (read-only, full) only costs the next process the computation."""
     try:
-        with atomic_file(_path(key)) as fh:
+        with atomic_file(_path(folder, key)) as fh:
             np.savez(fh, key=np.array(_key_text(key)), mean=pca.mean.numpy(),
                      basis=pca.basis.numpy(), variances=pca.variances.numpy())
     except OSError:

@@ -64,25 +64,26 @@ def test_a_damaged_or_foreign_file_is_computed_again_and_replaced(fresh, tmp_pat
     truth = principal_components(dm.train_x)
     dm.train_pca()
     (path,) = _files(tmp_path)
-    key = dm._split_key
+    key, folder = dm._split_key, tmp_path / "cache"
     if damage == "garbage":
         path.write_bytes(b"not an npz file")
     elif damage == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
     elif damage == "other mean":
-        splitcache.write_pca(key, dynamic.PCA(truth.mean + 0.01, truth.basis, truth.variances))
+        splitcache.write_pca(folder, key,
+                             dynamic.PCA(truth.mean + 0.01, truth.basis, truth.variances))
     elif damage == "wrong shape":
-        splitcache.write_pca(key, truth.top(10))
+        splitcache.write_pca(folder, key, truth.top(10))
     elif damage == "not finite":
-        splitcache.write_pca(key, dynamic.PCA(truth.mean, truth.basis,
+        splitcache.write_pca(folder, key, dynamic.PCA(truth.mean, truth.basis,
                                               torch.full_like(truth.variances, float("nan"))))
     else:  # a file of another key under this key's name
-        other = splitcache._path(("another split",))
-        splitcache.write_pca(("another split",), truth)
+        other = splitcache._path(folder, ("another split",))
+        splitcache.write_pca(folder, ("another split",), truth)
         path.write_bytes(other.read_bytes())
-    assert splitcache.read_pca(key, dm.train_mean) is None
+    assert splitcache.read_pca(folder, key, dm.train_mean) is None
     assert _equal(fresh().train_pca(), truth)
-    assert _equal(splitcache.read_pca(key, dm.train_mean), truth)  # written again
+    assert _equal(splitcache.read_pca(folder, key, dm.train_mean), truth)  # written again
 
 
 def test_an_unwritable_cache_folder_only_costs_the_computation(fresh, tmp_path):
