@@ -83,14 +83,14 @@ def test_presets_are_valid(preset):
     # candidate, energy and inference sweeps compare its variants with BatchTopK only, and its
     # energy-power and batch-support sweeps its variants alone (the dataset's preset or the
     # threshold sweep holds BatchTopK at those settings); the 40-epoch MLP-layer check its two
-    # supports and BatchTopK, the 40-epoch MNIST and Fashion-MNIST checks its default and
+    # supports and BatchTopK, the 40-epoch MNIST, Fashion-MNIST and wide checks its default and
     # BatchTopK
     expected = set(MODELS) - ({"kl"} if preset.stem.startswith("wide") else set())
     if preset.stem.startswith(("sparsemax-energy-power-", "sparsemax-batch-")):
         expected = {"sparsemax"}
     elif preset.stem.startswith(("sparsemax-candidates-", "sparsemax-energy-",
                                  "sparsemax-threshold-", "mlp-layer-40", "mnist-40",
-                                 "fashion-mnist-40")):
+                                 "fashion-mnist-40", "wide-40")):
         expected = {"sparsemax", "batchtopk"}
     assert {e.kind for e in sweep.models} == expected
     parser = build_parser(suppress=True)
