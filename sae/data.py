@@ -200,6 +200,11 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SAE_CACHE_DIR", Path.home() / ".cache" / "sae"))
 
 
+def cache_folder(cache_dir: str | Path | None) -> Path:
+    """The data cache folder a ``cache_dir`` setting names (None: :func:`default_cache_dir`)."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
 def candidate_folders(dataset: str, data_dir: Path | None, cache_dir: Path) -> list[Path]:
     """Folders that may hold the IDX files, in the order they are tried."""
     class_name = DATASETS[dataset]
@@ -218,7 +223,7 @@ def load_arrays(dataset: str, data_dir: str | Path | None = None,
     if data_dir is None and os.environ.get("SAE_DATA_DIR"):
         data_dir = os.environ["SAE_DATA_DIR"]
     data_dir = Path(data_dir).expanduser() if data_dir is not None else None
-    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache_dir = cache_folder(cache_dir)
     if data_dir is not None and not data_dir.is_dir():
         raise DataSourceError(f"data folder {data_dir} does not exist")
 
@@ -428,7 +433,7 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
         self.load()
         if self._shared.pca is None:
             key, pca = self._split_key, None
-            folder = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+            folder = cache_folder(self.cache_dir)
             if key is not None:
                 pca = splitcache.read_pca(folder, key, self.train_mean)
             if pca is None:
