@@ -83,8 +83,8 @@ def test_presets_are_valid(preset):
     # candidate, energy and inference sweeps compare its variants with BatchTopK only, and its
     # energy-power and batch-support sweeps its variants alone (the dataset's preset or the
     # threshold sweep holds BatchTopK at those settings); the 40-epoch MLP-layer check its two
-    # supports and BatchTopK, the 40-epoch MNIST, Fashion-MNIST and wide checks its default and
-    # BatchTopK
+    # supports and BatchTopK, the 40-epoch MNIST, Fashion-MNIST and wide checks (and the wide
+    # check's seeds) its default and BatchTopK
     expected = set(MODELS) - ({"kl"} if preset.stem.startswith("wide") else set())
     if preset.stem.startswith(("sparsemax-energy-power-", "sparsemax-batch-")):
         expected = {"sparsemax"}
@@ -109,8 +109,10 @@ def test_presets_are_valid(preset):
         assert len(sweep.seeds) == 3
         for e in sweep.models:
             assert ({16, 32} <= set(e.grid)) if e.kind in FIXED_BUDGET else len(e.grid) >= 3
-    if preset.stem.startswith("wide"):
-        assert all(r.settings["hidden"] == 4096 for r in runs) and len(sweep.seeds) == 1
+    if preset.stem.startswith("wide"):  # one seed each; the seed check adds seeds 1 and 2
+        # to the 40-epoch page's seed 0
+        assert all(r.settings["hidden"] == 4096 for r in runs)
+        assert list(sweep.seeds) == ([1, 2] if preset.stem == "wide-40-seeds" else [0])
     if preset.stem != "quick":  # a published page names its support, so that a later change
         # of default leaves its preset training what the page shows
         assert all("support" in {**sweep.common, **e.settings}
