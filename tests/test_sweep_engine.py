@@ -19,15 +19,17 @@ from sae import runfolder
 from sae.convergence import last_epoch_change, read_validation
 from sae.sweep import launch, spec
 
-# two models trained one after the other by one worker (--jobs 1), so anything a run leaves
-# behind in the process would reach the second; 8 steps per epoch, enough epochs to be killed in
+# three models trained one after the other by one worker (--jobs 1), so anything a run leaves
+# behind in the process would reach the next: BatchTopK and the Sparsemax-SAE's default (the
+# batch support) each carry a running threshold; 8 steps per epoch, enough epochs to be killed in
 SWEEP = {
-    "description": "two models, one worker",
+    "description": "three models, one worker",
     "datasets": ["mnist"],
     "seeds": [3],
     "common": {"hidden": 32, "limit_train": 512, "val_size": 128, "limit_test": 200,
                "batch_size": 64, "epochs": 24},
-    "models": {"l1": {"lambda": [0.03]}, "batchtopk": {"k": [4]}},
+    "models": {"l1": {"lambda": [0.03]}, "batchtopk": {"k": [4]},
+               "sparsemax": {"support": "batch", "lambda": [0.01]}},
 }
 NOT_COMPARED = {"wall_time_s"}  # the only number of metrics.json that may differ
 
@@ -73,23 +75,24 @@ def test_a_sweep_run_equals_the_same_run_trained_alone(finished, data_dir, tmp_p
     assert (sweep / "logs" / "worker0.log").is_file()  # one worker trained both runs
     assert not (sweep / "logs" / "worker1.log").exists()
     runs = spec.plan(spec.load_sweep(finished / "engine.yaml"))
-    assert [r.model for r in runs] == ["l1", "batchtopk"]
-    second = runs[1]  # trained after the first in the same process
-    alone = tmp_path / "alone"
-    result = subprocess.run([sys.executable, "-m", "sae.run", *second.argv, "--out", alone],
-                            cwd=tmp_path, env=env(tmp_path, data_dir), capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    in_sweep = numbers(json.loads((sweep / second.rel / "metrics.json").read_text()))
-    trained_alone = numbers(json.loads((alone / "metrics.json").read_text()))
-    assert in_sweep.keys() == trained_alone.keys()
-    for key, value in in_sweep.items():
-        assert value == pytest.approx(trained_alone[key], abs=1e-5), key
-    # a sweep run writes no pages while the sweep trains (sae.report / sae.features build them)
-    folder = sweep / second.rel
-    assert not (folder / "report.html").exists() and not (folder / "features.html").exists()
-    assert not (folder / "figures").exists()
-    assert (folder / "analysis.json").is_file()  # analysed by the worker that trained it
+    assert [r.model for r in runs] == ["l1", "batchtopk", "sparsemax"]
+    for later in runs[1:]:  # trained after another run in the same process
+        alone = tmp_path / later.model
+        result = subprocess.run([sys.executable, "-m", "sae.run", *later.argv, "--out", alone],
+                                cwd=tmp_path, env=env(tmp_path, data_dir), capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        in_sweep = numbers(json.loads((sweep / later.rel / "metrics.json").read_text()))
+        trained_alone = numbers(json.loads((alone / "metrics.json").read_text()))
+        assert in_sweep.keys() == trained_alone.keys()
+        for key, value in in_sweep.items():
+            assert value == pytest.approx(trained_alone[key], abs=1e-5), (later.model, key)
+        # a sweep run writes no pages while the sweep trains (sae.report / sae.features build
+        # them)
+        folder = sweep / later.rel
+        assert not (folder / "report.html").exists() and not (folder / "features.html").exists()
+        assert not (folder / "figures").exists()
+        assert (folder / "analysis.json").is_file()  # analysed by the worker that trained it
 
 
 @pytest.mark.slow
@@ -111,7 +114,7 @@ def test_a_killed_sweep_continues_to_the_same_results(finished, data_dir, tmp_pa
     assert not (first / "metrics.json").exists(), "the run finished before the kill"
     result = compare(["engine.yaml", "--jobs", "1", "--out", "sweep"], tmp_path, data_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.count("trained in") == 2
+    assert result.stdout.count("trained in") == 3
     resumed = pd.read_csv(tmp_path / "sweep" / "results.csv").set_index("model")
     baseline = pd.read_csv(finished / "sweep" / "results.csv").set_index("model")
     columns = ["fvu", "mse", "l0_mean", "l0_std", "dead_fraction", "probe_accuracy",
@@ -136,7 +139,7 @@ def test_progress_estimates_the_time_left_from_the_runs_trained(finished):
     assert p.line(run, "trained in 125.0 s").endswith(", about 2:05 left)")
     # the sweep says it too, for every trained run but the last
     lines = [ln for ln in (finished / "sweep.log").read_text().splitlines() if "trained in" in ln]
-    assert ["left)" in ln for ln in lines] == [True, False]
+    assert ["left)" in ln for ln in lines] == [True, True, False]
 
 
 @pytest.mark.slow
