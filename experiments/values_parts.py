@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from sae import metrics
-from sae.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
+from sae.checkpoints import CheckpointError, load_checkpoint
 from sae.cli import defaults, read_settings_file
 from sae.data import DataSourceError
 from sae.evaluate import linear_decoder
@@ -62,7 +62,7 @@ def coherence(codes: torch.Tensor, atoms: torch.Tensor, threshold: float = 0.0) 
 def parts(folder: Path, data: DataCache) -> dict:
     """The value measures of one run (see the module docstring)."""
     settings = {**defaults(), **read_settings_file(folder / "config.yaml")}
-    model = model_from_checkpoint(read_checkpoint(folder / "checkpoints" / "last.ckpt"))
+    model = load_checkpoint(folder / "checkpoints" / "last.ckpt")
     decoder = linear_decoder(model)
     if decoder is None:
         raise ValueError("the decoder is not linear (--arch mlp): no atoms to compare")

@@ -72,7 +72,7 @@ def finished(tmp_path_factory, data_dir):
 @pytest.mark.slow
 def test_a_sweep_run_equals_the_same_run_trained_alone(finished, data_dir, tmp_path):
     sweep = finished / "sweep"
-    assert (sweep / "logs" / "worker0.log").is_file()  # one worker trained both runs
+    assert (sweep / "logs" / "worker0.log").is_file()  # one worker trained every run
     assert not (sweep / "logs" / "worker1.log").exists()
     runs = spec.plan(spec.load_sweep(finished / "engine.yaml"))
     assert [r.model for r in runs] == ["l1", "batchtopk", "sparsemax"]
