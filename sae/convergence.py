@@ -16,7 +16,8 @@ import csv
 import math
 from pathlib import Path
 
-__all__ = ["FVU_TOLERANCE", "L0_TOLERANCE", "KEYS", "last_epoch_change", "read_validation"]
+__all__ = ["FVU_TOLERANCE", "L0_TOLERANCE", "KEYS", "final_validation", "last_epoch_change",
+           "read_validation"]
 
 FVU_TOLERANCE = 0.01  # relative change of validation FVU over the last epoch
 L0_TOLERANCE = 0.02  # relative change of validation mean L0 over the last epoch
@@ -61,3 +62,11 @@ def last_epoch_change(rows: list[dict[str, float]]) -> dict[str, float | bool | 
     converged = None if fvu is None or l0 is None else \
         bool(fvu < FVU_TOLERANCE and l0 < L0_TOLERANCE)
     return {"val_fvu_change": fvu, "val_l0_change": l0, "converged": converged}
+
+
+def final_validation(rows: list[dict[str, float]]) -> dict[str, float | None]:
+    """``val_fvu`` and ``val_l0``: the last validation of validation rows as
+    :func:`read_validation` gives them (None without any): what a comparison chooses settings
+    by, so that the test set only reports."""
+    last = rows[-1] if rows else {}
+    return {"val_fvu": last.get("fvu"), "val_l0": last.get("l0")}

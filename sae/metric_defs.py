@@ -24,6 +24,8 @@ class Metric:
     unit: str = ""
     better: str | None = None  # "lower", "higher", or None (neither: a description)
     # "run": a run's metrics.json (the test set); "sweep": a sweep's analysis of each run;
+    # "truth": metrics.json on data whose features are known (sae.metrics.truth);
+    # "validation": the validation split's, from metrics.csv;
     # "count": what the others are computed on, or a model's own extra number
     group: str = "run"
     printed: bool = False  # in the line python -m sae.run prints when training ends
@@ -63,6 +65,13 @@ METRICS: tuple[Metric, ...] = (
            "principal components of the training set (m = round(mean L0), recorded as "
            "adaptivity_m)",
            ".2f", better="higher"),
+    Metric("adaptivity_partial", "adaptivity | energy", "partial Spearman correlation between "
+           "an input's L0 and its difficulty (as adaptivity) with the input's energy ‖x − x̄‖² "
+           "held fixed: what L0 follows of the difficulty beyond what the energy predicts (any "
+           "shared threshold follows the energy for free)", ".2f", better="higher"),
+    Metric("adaptivity_energy", "energy baseline", "the adaptivity an L0 ranked by the input's "
+           "energy ‖x − x̄‖² alone would score: Spearman correlation of energy and difficulty on "
+           "the same inputs (a property of the data and m, not of the model)", ".2f"),
     Metric("wall_time_s", "train time", "training wall-clock time in seconds", ".0f",
            unit=" s", printed=True),
     Metric("probe_accuracy", "probe acc. %", "test accuracy of a linear classifier fitted on "
@@ -77,6 +86,32 @@ METRICS: tuple[Metric, ...] = (
            "10)", ".2f", group="sweep"),
     Metric("l0_ink_corr", "L0–ink corr.", "Pearson correlation over test inputs between an "
            "input's L0 and its ink (the sum of its pixels)", ".2f", group="sweep"),
+    Metric("gt_recovery", "recovered %", "share of the true features whose best-aligned "
+           "decoder atom has cosine above 0.9", ".1f", 100.0, better="higher", group="truth"),
+    Metric("gt_mcc", "MCC", "mean |cosine| of true features and decoder atoms matched one to "
+           "one (Hungarian assignment of the largest total): 1 when every true feature has an "
+           "atom of its own", ".3f", better="higher", group="truth"),
+    Metric("gt_l0_spearman", "ρ(L0, true L0)", "Spearman correlation over test inputs between "
+           "an input's L0 and its true number of active features", ".3f", better="higher",
+           group="truth"),
+    Metric("gt_l0_error", "L0 error %", "mean over test inputs of |L0 − true L0| / true L0",
+           ".1f", 100.0, better="lower", group="truth"),
+    Metric("gt_precision", "precision %", "per test input, the share of its firing units whose "
+           "matched true feature (the MCC's assignment) is active in it, a unit matched to none "
+           "counting as wrong; mean over inputs with a firing unit", ".1f", 100.0,
+           better="higher", group="truth"),
+    Metric("gt_recall", "recall %", "per test input, the share of its true features whose "
+           "matched unit fires; mean over inputs", ".1f", 100.0, better="higher",
+           group="truth"),
+    Metric("gt_l0_energy", "ρ(energy, true L0)", "Spearman correlation over test inputs "
+           "between an input's energy ‖x − x̄‖² and its true L0: what an L0 ranked by energy "
+           "alone would score on ρ(L0, true L0) (a property of the data)", ".3f",
+           group="truth"),
+    Metric("val_fvu", "val FVU", "fvu on the validation split after the last epoch: what "
+           "settings and designs are chosen by", better="lower", group="validation"),
+    Metric("val_l0", "val L0", "mean L0 on the validation split after the last epoch: what "
+           "places a run on its model's curve when models are set at equal L0", ".1f",
+           group="validation"),
     Metric("n_samples", "test inputs", "test inputs these metrics are computed on", ".0f",
            group="count"),
     Metric("n_units", "units", "code units H", ".0f", group="count"),

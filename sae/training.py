@@ -296,14 +296,15 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:
     """After a completed fit (rank 0): test metrics to ``metrics.json`` and TensorBoard, the
     feature browser and the report, each with a status line; returns the test metrics."""
     from sae.callbacks import log_test_hparams
-    from sae.convergence import last_epoch_change, read_validation
+    from sae.convergence import final_validation, last_epoch_change, read_validation
     from sae.evaluate import evaluate
     from sae.io import write_json
 
     out, sae, training = Path(config.folder.out), config.sae, config.train
     with status("test metrics"):
         result, codes = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
-        result.update(last_epoch_change(read_validation(out / "metrics.csv")))
+        validation = read_validation(out / "metrics.csv")
+        result.update(**final_validation(validation), **last_epoch_change(validation))
         result.update(wall_time_s=wall, steps=int(trainer.global_step),
                       epochs=int(trainer.current_epoch), model=sae.model, lam=sae.lam,
                       dataset=dm.dataset, seed=training.seed, hidden=sae.hidden,

@@ -300,8 +300,8 @@ def comparison(tmp_path_factory) -> Path:
     pngs = {"fvu_vs_l0.png": figures.figure_to_png_bytes(plots.fvu_l0_pareto(summary))}
     links = render.related_links(root, sweep.datasets, results)
     page = root / "comparison.html"
-    page.write_text(render.comparison_html(sweep, summary, aggregate.match_kl(summary),
-                                           {"mnist": 0.926}, pngs, 10, len(results), links),
+    page.write_text(render.comparison_html(sweep, results, {"mnist": 0.926}, pngs, 10,
+                                           len(results), links),
                     encoding="utf-8")
     return page
 

@@ -438,7 +438,7 @@ def test_summary_display_and_markdown():
 
 
 def verdict_frame():
-    return summary([
+    return results([
         # dataset, model, kind, param, value, seed, fvu, l0, probe
         ("mnist", "kl", "kl", "lambda", 1.0, 0, 0.03, 14, 0.94),      # band <= 20
         ("mnist", "l1", "l1", "lambda", 0.03, 0, 0.28, 13, 0.96),
@@ -464,6 +464,9 @@ def test_verdict_names_the_best_per_dataset_band_and_criterion():
     s = verdict_frame()
     judged = matching.verdict(s)
     assert list(dict.fromkeys(judged["band"])) == ["L0 ≤ 20", "20 < L0 ≤ 50", "L0 > 50"]
+    # outcomes lead; the ground-truth criteria have no values on images, so no rows
+    assert list(dict.fromkeys(judged["criterion"])) == ["FVU at L0", "probe accuracy",
+                                                        "dead units"]
     # FVU at L0 is compared at L0 16 on every model's curve: topk and sparsemax sit there,
     # l1 is interpolated between L0 13 and 37, the KL-SAE (14 … 30) is out (no exact zeros)
     low = winners(judged, "mnist", "L0 ≤ 20", "FVU at L0")
@@ -488,7 +491,7 @@ def test_verdict_names_the_best_per_dataset_band_and_criterion():
     # only the two taken as they are (sparsemax, topk) have a summary row to mark
     dead = winners(judged, "mnist", "L0 ≤ 20", "dead units")
     assert sorted(dead["models"]) == ["kl", "l1", "sparsemax", "topk"]
-    assert sorted(s.loc[i, "model"] for i in dead["winners"]) == ["sparsemax", "topk"]
+    assert sorted(dead["winners"]) == [("sparsemax", 0.03), ("topk", 16)]
     assert winners(judged, "fashion-mnist", "L0 ≤ 20", "FVU at L0")["winner"].startswith("topk")
     assert matching.l0_band(20.0) == "L0 ≤ 20" and matching.l0_band(20.01) == "20 < L0 ≤ 50"
     assert matching.l0_band(0.0) == "L0 ≤ 20" and matching.l0_band(float("nan")) is None
@@ -498,13 +501,13 @@ def test_probe_and_dead_units_are_judged_at_equal_l0():
     """In the band 20 < L0 ≤ 50, a setting at L0 48 would beat one at L0 32 on probe accuracy
     and dead units only by being less sparse: both criteria are judged at L0 32 on each
     model's curve, so the model that is better there wins."""
-    s = summary([
+    s = results([
         ("mnist", "entmax", "entmax", "lambda", 0.03, 0, 0.20, 16, 0.950),
         ("mnist", "entmax", "entmax", "lambda", 0.003, 0, 0.12, 108, 0.990),  # best, at L0 108
         ("mnist", "topk", "topk", "k", 32, 0, 0.13, 32, 0.970),
         ("mnist", "topk", "topk", "k", 64, 0, 0.10, 64, 0.975),
     ])
-    s.loc[s["value"] == 0.003, "dead_fraction_mean"] = 0.0  # few dead units at L0 108 only
+    s.loc[s["value"] == 0.003, "dead_fraction"] = 0.0  # few dead units at L0 108 only
     judged = matching.verdict(s)
     probe = winners(judged, "mnist", "L0 > 50", "probe accuracy")
     at64 = matching.at_l0(s, [64.0]).set_index("model")
@@ -531,21 +534,23 @@ def test_a_code_without_exact_zeros_never_wins_fvu_at_l0(kl_fvu, kl_extra, other
             ("mnist", "kl", "kl", "lambda", 0.1, 0, kl_fvu, 90.0, 0.9)]  # every target L0
     rows += [("mnist", "l1", "l1", "lambda", 0.001 * (i + 1), 0, fvu, l0, 0.9)
              for i, (fvu, l0) in enumerate(others)]
-    s = summary(rows)  # the KL rows' FVU at L0 is their FVU + 0.5 (see results())
+    s = results(rows)  # the KL rows' FVU at L0 is their FVU + 0.5 (see results())
     judged = matching.verdict(s)
     fvu_rows = judged[judged["criterion"] == "FVU at L0"]
     assert not any("kl" in w for w in fvu_rows["winner"])
     assert not any("kl" in models for models in fvu_rows["models"])
-    assert all(not s.loc[i, "kind"] == "kl" for ws in fvu_rows["winners"] for i in ws)
+    assert all(model != "kl" for ws in fvu_rows["winners"] for model, _ in ws)
     target = {"L0 ≤ 20": 16, "20 < L0 ≤ 50": 32, "L0 > 50": 64}
     assert all(r["excluded"].startswith(f"kl at L0 {target[r['band']]} ")
                for _, r in fvu_rows.iterrows())
-    assert list(aggregate.exact_zeros(s)) == [k != "kl" for k in s["kind"]]
+    summary_ = aggregate.summarize_seeds(s)
+    assert list(aggregate.exact_zeros(summary_)) == [k != "kl" for k in summary_["kind"]]
 
 
 def test_best_cells_are_marked_in_markdown_and_html():
-    s = verdict_frame()
-    judged = matching.verdict(s)
+    r = verdict_frame()
+    s = aggregate.summarize_seeds(r)
+    judged = matching.verdict(r)
     best = display.best_cells(s, "mnist", judged)
     shown = display.summary_display(s, "mnist")
     row = list(zip(shown["model"], shown["λ / k"], strict=True)).index(("topk", "k = 16"))
@@ -563,22 +568,24 @@ def test_best_cells_are_marked_in_markdown_and_html():
 
 def test_comparison_page_states_the_verdict_and_findings(tmp_path):
     sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))
-    s = verdict_frame()
+    r = verdict_frame()
+    s = aggregate.summarize_seeds(r)
     (tmp_path / "runs").mkdir()
     raw = {"mnist": {"probe_accuracy": 0.926}}
-    page = render.comparison_html(sweep, s, aggregate.match_kl(s), raw, {}, 9, 9)
-    md = render.comparison_markdown(sweep, s, aggregate.match_kl(s), raw, 9, 9)
+    page = render.comparison_html(sweep, r, raw, {}, 9, 9)
+    md = render.comparison_markdown(sweep, r, raw, 9, 9)
     for text in (page, md):
         assert "Only models with exact zeros (FVU at L0 = FVU) compete on FVU at L0" in text
         assert "Lowest FVU at equal L0, per L0 band: topk in 3 of 3" in text
         assert "Out of the FVU-at-L0 contest: kl (no exact zeros)" in text
     assert 'class="num best"' in page and "**0.1700**" in md
-    lines = render.findings(s, matching.verdict(s), "mnist")
+    lines = render.findings(s, matching.verdict(r), "mnist")
     assert any(line.startswith("Best probe accuracy: L0 ≤ 20: sparsemax") for line in lines)
+    assert "This results table predates validation metrics" in md  # no val_l0 column
 
 
 def test_headline_sets_every_model_at_l0_16_and_32():
-    s = summary([
+    s = results([
         ("mnist", "l1", "l1", "lambda", 0.03, 0, 0.28, 13, 0.96),
         ("mnist", "l1", "l1", "lambda", 0.01, 0, 0.14, 37, 0.976),
         ("mnist", "l1", "l1", "lambda", 0.01, 1, 0.16, 37, 0.976),
@@ -595,21 +602,25 @@ def test_headline_sets_every_model_at_l0_16_and_32():
     assert list(shown["target"]) == ["16", "16", "32", "32"]
     assert list(shown["L0"]) == ["16.0", "16.0", "32.0", "31.0"]  # the L0 each row stands for
     assert list(shown["from"]) == ["λ = 0.03 … 0.01", "k = 16", "λ = 0.03 … 0.01", "k = 32"]
-    w = math.log(16 / 13) / math.log(37 / 13)  # l1's seed mean at λ 0.01 is 0.15
-    assert shown.loc[0, "FVU at L0"] == f"{0.28 + w * (0.15 - 0.28):.4f}"
+    # per seed: only seed 0 of l1 brackets L0 16 (seed 1 has no run below it), so the row is
+    # seed 0's interpolation, not one of seed means, and says one of two seeds
+    w = math.log(16 / 13) / math.log(37 / 13)
+    assert shown.loc[0, "FVU at L0"] == f"{0.28 + w * (0.14 - 0.28):.4f}"
+    assert shown.loc[0, "seeds"] == "1 of 2"
     assert shown.loc[1, "FVU at L0"] == "0.1700" and shown.loc[3, "FVU at L0"] == "0.1100"
     assert matching.headline(s.iloc[:0]).empty
 
 
 def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
-    s = verdict_frame()
-    soft = winners(matching.verdict(s), "mnist", "L0 ≤ 20", "probe accuracy")
-    judged = matching.verdict(s, "sparsemax")
+    r = verdict_frame()
+    s = aggregate.summarize_seeds(r)
+    soft = winners(matching.verdict(r), "mnist", "L0 ≤ 20", "probe accuracy")
+    judged = matching.verdict(r, "sparsemax")
     sparse = winners(judged, "mnist", "L0 ≤ 20", "probe accuracy")
     assert soft["winner"].startswith("sparsemax") and soft["metric"] == "probe_accuracy"
     assert sparse["winner"].startswith("kl at L0 16 (λ = 1 … 0.1)")
     assert sparse["metric"] == "probe_sparsemax_accuracy"
-    kl16 = matching.at_l0(s, [16.0]).set_index(["dataset", "model"]).loc[("mnist", "kl")]
+    kl16 = matching.at_l0(r, [16.0]).set_index(["dataset", "model"]).loc[("mnist", "kl")]
     assert sparse["score"] == pytest.approx(kl16["probe_sparsemax_accuracy"])
     assert 0.96 < sparse["score"] < 0.97  # between its settings at L0 14 (0.96) and 30 (0.97)
     raw = {"probe_accuracy": 0.926, "probe_sparsemax_accuracy": 0.91,
@@ -634,7 +645,7 @@ def test_the_sweep_file_chooses_the_probe_the_verdict_judges(tmp_path):
     sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", {**TINY, "probe_loss": "sparsemax"}))
     assert sweep.probe_loss == "sparsemax"
     assert spec.load_sweep(write_yaml(tmp_path / "t.yaml", TINY)).probe_loss == "softmax"
-    md = render.comparison_markdown(sweep, s, aggregate.match_kl(s), {"mnist": raw}, 9, 9)
+    md = render.comparison_markdown(sweep, r, {"mnist": raw}, 9, 9)
     assert "Best sparsemax-probe accuracy" in md and "| 91.00 |" in md
 
 

@@ -13,9 +13,15 @@ bias, S_n the support (firing units) of input n:
 - ``adaptivity`` = Spearman correlation (average ranks for ties) of per-input L0 with a difficulty
   score, None when either is constant; the difficulty used by ``dynamic_sparsity`` is
   ``pca_residual``, the energy left after projection onto the top m = round(mean L0) principal
-  components of the training set (``principal_components``).
+  components of the training set (``principal_components``). That difficulty grows with the
+  input's energy E = ‖x − x̄‖², and so does the L0 of any shared threshold (BatchTopK's,
+  JumpReLU's: larger inputs have larger scores), so ``adaptivity`` rewards following the energy
+  for free; ``dynamic_sparsity`` therefore also reports ``adaptivity_partial``, the partial
+  Spearman correlation of L0 and difficulty with E held fixed (``partial_spearman``), and
+  ``adaptivity_energy``, the Spearman correlation of E itself with the difficulty: what an L0
+  ranked by energy alone would score.
 
-``dynamic_sparsity`` computes all three on a fixed subset of the test set; ``summarize`` does not
+``dynamic_sparsity`` computes these on a fixed subset of the test set; ``summarize`` does not
 (they cost least-squares solves).
 
 Large sums are accumulated in float64 (float32 on devices without float64 support).
@@ -46,7 +52,8 @@ DYNAMIC_SUBSET = 2000
 """Default number of test inputs ``dynamic_sparsity`` evaluates (evenly spaced, see there)."""
 
 DYNAMIC_KEYS: tuple[str, ...] = (
-    "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity", "adaptivity_m", "n_inputs",
+    "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity", "adaptivity_partial",
+    "adaptivity_energy", "adaptivity_m", "n_inputs",
 )
 
 
@@ -134,6 +141,14 @@ def _support_residuals(x: torch.Tensor, support: torch.Tensor, dec: _Decoder) ->
             fit = 2 * (z * wty).sum(dim=(1, 2)) - (z * (gram @ z)).sum(dim=(1, 2))
             residual[r] = (residual[r] - fit).clamp(min=0)
     return residual
+
+
+def input_energy(x: torch.Tensor, mean_image: torch.Tensor) -> torch.Tensor:
+    """Each input's energy ‖x_n − x̄‖², [N] in the accumulation dtype (the FVU's per-input
+    denominator)."""
+    x = _flat(x, "x")
+    m = _image(mean_image, x, "mean_image")
+    return (x.to(m.dtype) - m).square().sum(dim=1)
 
 
 def _variance(x: torch.Tensor, mean_image: torch.Tensor) -> torch.Tensor:
@@ -401,6 +416,49 @@ def adaptivity(l0: torch.Tensor, difficulty: torch.Tensor) -> float | None:
     return float((ra * rb).sum() / denom) if denom > 0 else None
 
 
+def _spearman_ranks(v: torch.Tensor) -> torch.Tensor:
+    """Centred average ranks of v [N] (float64): what a Spearman correlation correlates."""
+    r = _average_ranks(v.reshape(-1))
+    return r - r.mean()
+
+
+def _corr(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """Pearson correlation of two centred vectors; None when either is constant."""
+    denom = float((a.square().sum() * b.square().sum()).sqrt())
+    return float((a * b).sum() / denom) if denom > 0 else None
+
+
+def partial_spearman(a: torch.Tensor, b: torch.Tensor, control: torch.Tensor) -> float | None:
+    """Spearman correlation of a and b [N] with ``control`` [N] held fixed (partial, on ranks).
+
+        ρ_ab·c = (ρ_ab − ρ_ac ρ_bc) / sqrt((1 − ρ_ac²)(1 − ρ_bc²))
+
+    with ρ the Spearman correlations (average ranks for ties): the rank correlation of what a
+    and b do not share with c. With a = an input's L0, b = its difficulty and c = its energy,
+    it asks whether L0 follows the difficulty beyond what the energy already explains: a shared
+    threshold's L0 grows with the input's energy for free, and so does the difficulty.
+
+    Returns:
+        The partial correlation in [−1, 1], or None when any side is constant, N < 3, or c
+        determines a or b (|ρ| = 1: nothing is left to correlate).
+    """
+    a, b, c = (v.reshape(-1) for v in (a, b, control))
+    if not a.shape == b.shape == c.shape:
+        raise ValueError(f"lengths differ: {a.shape[0]}, {b.shape[0]}, {c.shape[0]}")
+    if not all(bool(torch.isfinite(v).all()) for v in (a, b, c)):
+        raise ValueError("partial_spearman needs finite values")
+    if a.shape[0] < 3:
+        return None
+    ra, rb, rc = (_spearman_ranks(v.to(a.device)) for v in (a, b, c))
+    ab, ac, bc = _corr(ra, rb), _corr(ra, rc), _corr(rb, rc)
+    if ab is None or ac is None or bc is None:
+        return None
+    denom = math.sqrt(max(1 - ac * ac, 0.0) * max(1 - bc * bc, 0.0))
+    if denom < 1e-12:
+        return None
+    return max(-1.0, min(1.0, (ab - ac * bc) / denom))
+
+
 def dynamic_sparsity(
     x_test: torch.Tensor,
     codes: torch.Tensor,
@@ -423,6 +481,10 @@ def dynamic_sparsity(
     - ``adaptivity``: ``adaptivity`` of per-input L0 against ``pca_residual`` onto the top m
       principal components of the training set, m = ``adaptivity_m`` = the subset's mean L0
       rounded half up (capped at D); None when L0 or the residual is constant;
+    - ``adaptivity_partial``: ``partial_spearman`` of L0 and that difficulty with the input's
+      energy ‖x − x̄‖² held fixed (None where undefined);
+    - ``adaptivity_energy``: the Spearman correlation of the energy with the difficulty, the
+      score of an L0 ranked by energy alone (the baseline of ``adaptivity``);
     - ``n_inputs``: the number of inputs evaluated.
 
     The subset is ``max_inputs`` (default 2 000) test inputs evenly spaced over the set, the same
@@ -452,11 +514,15 @@ def dynamic_sparsity(
         raise ValueError(f"the PCA has basis {tuple(pca.basis.shape)}; needed: {x.shape[1]} "
                          f"features and at least {m} components")
     difficulty = pca_residual(x, pca.basis[:, :m], pca.mean)
+    energy = input_energy(x, mean_image)
+    counts = l0(codes, threshold)
     return {
         "support_fvu": float(gain.own / variance),
         "support_fvu_const": float(gain.const / variance),
         "adaptive_gain": float((gain.const - gain.own) / variance),
-        "adaptivity": adaptivity(l0(codes, threshold), difficulty),
+        "adaptivity": adaptivity(counts, difficulty),
+        "adaptivity_partial": partial_spearman(counts, difficulty, energy),
+        "adaptivity_energy": adaptivity(energy, difficulty),
         "adaptivity_m": float(m),
         "n_inputs": float(x.shape[0]),
     }

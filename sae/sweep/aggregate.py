@@ -45,9 +45,14 @@ RESULT_COLUMNS = [
     # analysis of the last checkpoint (analysis.json)
     "probe_accuracy", "probe_train_accuracy", "probe_sparsemax_accuracy",
     "probe_sparsemax_classes", "l0_ink_corr", "checkpoint_step",
-    "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity",
-    # how much validation FVU and L0 moved in the last epoch (sae.convergence)
-    "val_fvu_change", "val_l0_change", "converged",
+    "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity", "adaptivity_partial",
+    "adaptivity_energy",
+    # on data with known features (sae.metrics.truth)
+    "gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision", "gt_recall",
+    "gt_l0_energy",
+    # the last validation (what settings are chosen by), and how much validation FVU and L0
+    # moved in the last epoch (sae.convergence)
+    "val_fvu", "val_l0", "val_fvu_change", "val_l0_change", "converged",
     "run",  # run folder, relative to the sweep folder
 ]
 
@@ -55,7 +60,9 @@ SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fractio
                    "dense_fraction",
                    "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes",
                    "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
-                   "adaptivity", "wall_time_s", "converged"]
+                   "adaptivity", "adaptivity_partial", "adaptivity_energy",
+                   "gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision",
+                   "gt_recall", "val_fvu", "val_l0", "wall_time_s", "converged"]
 
 # probe loss -> (summary metric of its test accuracy, heading in the summary table)
 PROBE_METRICS = {loss: (name, METRIC[name].label) for loss, name in

@@ -23,16 +23,20 @@ import math
 from pathlib import Path
 
 from sae.cli import defaults, read_settings_file
-from sae.convergence import last_epoch_change, read_validation
+from sae.convergence import final_validation, last_epoch_change, read_validation
 from sae.io import atomic_file, read_text, write_json
 from sae.sweep.spec import Run
 
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
            "pearson", "raw_by_dataset", "raw_probes", "read_json", "run_metrics"]
 
-ANALYSIS_VERSION = 4  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
+ANALYSIS_VERSION = 5  # 2: dynamic-sparsity measures (support_fvu, adaptive_gain, adaptivity)
 #                      3: the sparsemax-loss probe beside the softmax one
 #                      4: probes solved to the default tolerance of linear_probes (1e-4)
+#                      5: adaptivity with the energy held fixed, and its energy baseline
+# the dynamic-sparsity measures a results row takes from the analysis
+DYNAMIC_RESULTS = ("support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity",
+                   "adaptivity_partial", "adaptivity_energy")
 SPLIT_KEYS = ("dataset", "data", "val_size", "limit_train", "limit_test")  # naming a data split
 
 
@@ -314,14 +318,13 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
             a = {}
         key = {"dataset": run.dataset, "model": run.model, "kind": run.kind,
                "param": run.param, "value": run.value}
+        validation = read_validation(folder / "metrics.csv")
         records.append({**metrics, **key, "seed": run.seed, "run": str(run.rel),
-                        **last_epoch_change(read_validation(folder / "metrics.csv")),
+                        **final_validation(validation), **last_epoch_change(validation),
                         **{k: a.get(k) for k in ("probe_accuracy", "probe_train_accuracy",
                                                  "probe_sparsemax_accuracy",
                                                  "probe_sparsemax_classes", "l0_ink_corr",
-                                                 "checkpoint_step",
-                                                 "support_fvu", "support_fvu_const",
-                                                 "adaptive_gain", "adaptivity")}})
+                                                 "checkpoint_step", *DYNAMIC_RESULTS)}})
         label = config_label(run.param, run.value)
         if a and (folder / "test_l0.npy").is_file():
             l0 = _load_l0(folder)

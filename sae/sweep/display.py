@@ -18,7 +18,7 @@ import pandas as pd
 
 from sae.metric_defs import METRIC
 from sae.sweep.aggregate import PROBE_METRICS, config_label, is_finite_number
-from sae.sweep.matching import criteria, headline, matched_label, verdict
+from sae.sweep.matching import GROUND_TRUTH_METRICS, criteria, headline, matched_label
 
 __all__ = ["SUMMARY_COLUMNS", "best_cells", "format_criterion", "headline_display", "kl_display",
            "summary_display", "to_html", "to_markdown", "verdict_display"]
@@ -27,18 +27,20 @@ _NAN = float("nan")
 
 
 def best_cells(summary: pd.DataFrame, dataset: str,
-               judged: pd.DataFrame | None = None) -> set[tuple[int, str]]:
+               judged: pd.DataFrame) -> set[tuple[int, str]]:
     """Cells of :func:`summary_display` ``(row position, column heading)`` holding a winner of
-    the verdict (``judged``, computed from ``summary`` when not given)."""
-    judged = verdict(summary) if judged is None else judged
-    positions = {label: i for i, label in
-                 enumerate(summary.index[summary["dataset"] == dataset])}
+    the verdict ``judged`` (:func:`sae.sweep.matching.verdict`): the configuration every seed
+    took as it is at the target L0 (an interpolated winner has no single cell)."""
+    part = summary[summary["dataset"] == dataset]
+    positions = {(str(m), float(v)): i for i, (m, v) in
+                 enumerate(zip(part["model"], part["value"], strict=True))}
     heads = {metric: head for probe in PROBE_METRICS for metric, _, head in
              criteria(probe).values()}
     cells = set()
     for _, row in judged[judged["dataset"] == dataset].iterrows():
         head = heads[row["metric"]]
-        cells |= {(positions[i], head) for i in row["winners"] if i in positions}
+        cells |= {(positions[(str(m), float(v))], head) for m, v in row["winners"]
+                  if (str(m), float(v)) in positions}
     return cells
 
 
@@ -91,11 +93,14 @@ def _converged(mean: float, n_seeds: int) -> str:
     return f"{round(mean * n_seeds)}/{n_seeds}" if is_finite_number(mean) else "–"
 
 
-# the summary table's metric columns, in order
-SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
-                   "dense_fraction", "probe_accuracy", "probe_sparsemax_accuracy",
-                   "probe_sparsemax_classes", "recon_bias", "support_fvu", "adaptive_gain",
-                   "adaptivity", "wall_time_s")
+# the summary table's metric columns, in order (those of OPTIONAL_COLUMNS only where a row has
+# a value: the ground truth exists only for data whose features are known)
+SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "val_fvu", "l0_mean", "l0_std", "val_l0",
+                   "dead_fraction", "dense_fraction", "probe_accuracy",
+                   "probe_sparsemax_accuracy", "probe_sparsemax_classes", "recon_bias",
+                   "support_fvu", "adaptive_gain", "adaptivity", "adaptivity_partial",
+                   "adaptivity_energy", *GROUND_TRUTH_METRICS, "wall_time_s")
+OPTIONAL_COLUMNS = frozenset(GROUND_TRUTH_METRICS)
 # heading, format, scale and unit of each are the metric's own (sae.metric_defs):
 # column heading -> (metric, number format, scale, unit)
 _SUMMARY_CELLS = {METRIC[name].label: (name, METRIC[name].fmt, METRIC[name].scale,
@@ -129,34 +134,50 @@ def summary_display(summary: pd.DataFrame, dataset: str,
             if metric in raw:
                 cells[head] = _pm(raw[metric], _NAN, fmt, scale, unit)
         rows.append(cells)
-    return pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"])
+    table = pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"])
+    return _drop_empty(table, {METRIC[m].label for m in OPTIONAL_COLUMNS})
 
 
-# the headline's columns: the summary table's cells (same metrics and formats, interpolated seed
-# means without ±) and what the values lose against the best values on the same supports
+def _drop_empty(table: pd.DataFrame, optional: set[str]) -> pd.DataFrame:
+    """``table`` without the ``optional`` columns that hold no value ('–' in every row)."""
+    empty = [c for c in table.columns if c in optional and (table[c] == "–").all()]
+    return table.drop(columns=empty)
+
+
+# the headline's columns: the summary table's cells (same metrics and formats, interpolated per
+# seed, mean ± std over seeds) and what the values lose against the best values on the same
+# supports; the ground truth's only where it exists
 _HEADLINE_CELLS = {
-    **{head: _SUMMARY_CELLS[head] for head in ("FVU at L0", "FVU", "support FVU")},
+    **{head: _SUMMARY_CELLS[head] for head in ("FVU at L0", "FVU", "val FVU", "support FVU")},
     "values lose": ("values_lose", ".4f", 1.0, ""),
-    **{head: _SUMMARY_CELLS[head] for head in ("dead %", "adaptivity", "probe acc. %",
-                                               "sparsemax probe %", "probe classes")},
+    **{METRIC[m].label: _SUMMARY_CELLS[METRIC[m].label] for m in (
+        "adaptive_gain", "dead_fraction", "adaptivity", "adaptivity_partial",
+        "adaptivity_energy", *GROUND_TRUTH_METRICS, "probe_accuracy")},
 }
 
 
-def headline_display(summary: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """:func:`headline` of one dataset as text: one row per target L0 and model, with the
-    settings interpolated ("from") and ``values lose`` = FVU at L0 − support FVU, what the
-    model's values lose against the best values on its own supports."""
-    part = headline(summary)
+def headline_display(results: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """:func:`headline` of one dataset's runs as text: one row per target L0 and model, with
+    the settings interpolated ("from"), the seeds that reach the target, the mean ± std over
+    those seeds of each interpolated metric, and ``values lose`` = FVU at L0 − support FVU,
+    what the model's values lose against the best values on its own supports."""
+    part = headline(results)
     part = part[part["dataset"] == dataset].assign(
-        values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"])
+        values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"],
+        values_lose_std=_NAN)
     rows = []
     for _, row in part.iterrows():
+        seeds = str(int(row["n_seeds"]))
+        if row["n_missing"]:
+            seeds += f" of {int(row['n_seeds'] + row['n_missing'])}"
         cells = {"target": f"{row['target']:g}", "L0": f"{row['l0']:.1f}", "model": row["model"],
-                 "from": matched_label(row)}
+                 "from": matched_label(row), "seeds": seeds}
         for head, (metric, fmt, scale, unit) in _HEADLINE_CELLS.items():
-            cells[head] = _pm(row[metric], _NAN, fmt, scale, unit)
+            cells[head] = _pm(row[metric], row.get(f"{metric}_std", _NAN), fmt, scale, unit)
         rows.append(cells)
-    return pd.DataFrame(rows, columns=["target", "L0", "model", "from", *_HEADLINE_CELLS])
+    table = pd.DataFrame(rows, columns=["target", "L0", "model", "from", "seeds",
+                                        *_HEADLINE_CELLS])
+    return _drop_empty(table, {METRIC[m].label for m in OPTIONAL_COLUMNS})
 
 
 def kl_display(matched: pd.DataFrame, dataset: str) -> pd.DataFrame:

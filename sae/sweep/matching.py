@@ -1,19 +1,20 @@
-"""Models set side by side at the same sparsity, and the verdict: pure functions on the
-seed summary of :func:`sae.sweep.aggregate.summarize_seeds`.
+"""Models set side by side at the same sparsity, and the verdict: pure functions on a sweep's
+runs (:func:`sae.sweep.aggregate.results_frame`, one row per run).
 
 Settings with different λ (or k) land at different mean L0, and every criterion moves with L0
 (FVU falls steeply, probe accuracy rises, dead units change), so comparing configurations as
 they fell would reward the less sparse one. Here every model is set at common target L0s
-instead:
+instead, and the choice is made on validation data while only test metrics are reported:
 
-- :func:`at_l0` interpolates each model's own curve between the two settings that bracket the
-  target (linear in log L0; nothing extrapolated), or takes the setting within
-  :data:`L0_TOLERANCE` of it as it is;
+- :func:`at_l0` places each run by its validation mean L0 and, per seed, interpolates the
+  model's own curve between the two settings that bracket the target (linear in log L0;
+  nothing extrapolated), or takes the setting within :data:`L0_TOLERANCE` of it as it is; the
+  row is the mean and sample std over seeds of the interpolated test metrics;
 - :func:`verdict` names, per dataset and L0 band (:data:`L0_BANDS`), the best model on each
-  criterion of :func:`criteria` (FVU at L0, probe accuracy, dead units), every one judged at the
-  band's target L0 (:data:`BAND_TARGETS`) on those curves; only models with exact zeros
-  (:func:`sae.sweep.aggregate.exact_zeros`) compete on FVU at L0, since a KL-SAE's FVU at its
-  stated L0 is not the FVU it reports;
+  criterion of :func:`criteria` (outcomes first: FVU at L0 and the adaptive gain), every one
+  judged at the band's target L0 (:data:`BAND_TARGETS`) on those curves; only models with
+  exact zeros compete on FVU at L0, since a KL-SAE's FVU at its stated L0 is not the FVU it
+  reports;
 - :func:`headline` is every model at L0 16 and 32, the one-table answer the README quotes.
 """
 
@@ -26,11 +27,17 @@ import numpy as np
 import pandas as pd
 
 from sae.metric_defs import METRIC
-from sae.sweep.aggregate import PROBE_METRICS, config_label, exact_zeros, is_finite_number
+from sae.sweep.aggregate import (
+    _EXACT_TOL,
+    CONFIG_KEYS,
+    PROBE_METRICS,
+    config_label,
+    is_finite_number,
+)
 
-__all__ = ["BAND_TARGETS", "CRITERIA", "HEADLINE_TARGETS", "L0_BANDS", "L0_TOLERANCE",
-           "MATCHED_METRICS", "at_l0", "criteria", "headline", "l0_band", "matched_label",
-           "verdict"]
+__all__ = ["BAND_TARGETS", "CRITERIA", "GROUND_TRUTH_METRICS", "HEADLINE_TARGETS", "L0_BANDS",
+           "L0_TOLERANCE", "MATCHED_METRICS", "at_l0", "choice_l0", "criteria", "headline",
+           "l0_band", "matched_label", "verdict"]
 
 # L0 bands (lower, upper]: configurations are only compared with others of similar sparsity
 L0_BANDS: tuple[tuple[float, float], ...] = ((0.0, 20.0), (20.0, 50.0), (50.0, math.inf))
@@ -46,14 +53,23 @@ HEADLINE_TARGETS: tuple[float, ...] = BAND_TARGETS[:2]
 L0_TOLERANCE = 0.05
 
 # metrics interpolated to a target L0 (linear in log L0 between the two nearest settings)
-MATCHED_METRICS = ["fvu_at_l0", "fvu", "support_fvu", "dead_fraction", "adaptivity",
-                   "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes"]
+GROUND_TRUTH_METRICS = ["gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error",
+                        "gt_precision", "gt_recall"]
+
+MATCHED_METRICS = ["fvu_at_l0", "fvu", "val_fvu", "support_fvu", "adaptive_gain",
+                   "dead_fraction", "adaptivity", "adaptivity_partial", "adaptivity_energy",
+                   "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes",
+                   *GROUND_TRUTH_METRICS]
 
 def criteria(probe_loss: str = "softmax") -> dict[str, tuple[str, str, str]]:
-    """criterion -> (summary metric, "min" or "max" is best, heading in the summary table);
-    the probe criterion judges the probe trained with ``probe_loss``."""
-    names = {"FVU at L0": "fvu_at_l0", "probe accuracy": PROBE_METRICS[probe_loss][0],
-             "dead units": "dead_fraction"}
+    """criterion -> (summary metric, "min" or "max" is best, heading in the summary table),
+    outcomes first: FVU at L0, the adaptive gain, on data with known features their recovery
+    and the tracking of each input's true L0, then the probe trained with ``probe_loss`` and
+    dead units. A criterion without values on a page (the ground-truth ones on images) is not
+    judged there."""
+    names = {"FVU at L0": "fvu_at_l0", "adaptive gain": "adaptive_gain",
+             "feature recovery": "gt_recovery", "L0 tracks true L0": "gt_l0_spearman",
+             "probe accuracy": PROBE_METRICS[probe_loss][0], "dead units": "dead_fraction"}
     return {criterion: (name, "min" if METRIC[name].better == "lower" else "max",
                         METRIC[name].label) for criterion, name in names.items()}
 
@@ -63,63 +79,112 @@ CRITERIA = criteria()
 _NAN = float("nan")
 
 
-def at_l0(summary: pd.DataFrame, targets: Iterable[float] = BAND_TARGETS) -> pd.DataFrame:
-    """Each model's metrics at the same mean L0: interpolated on its own curve.
+def choice_l0(results: pd.DataFrame) -> tuple[pd.Series, bool]:
+    """The mean L0 each run is placed by, and whether it is the validation split's.
+
+    Settings are chosen on validation data and only reported on the test set: a run's place on
+    its model's curve (which settings bracket a target L0, and the interpolation weight) is its
+    last validation mean L0 (``val_l0``). A results table of an earlier version has no
+    validation L0; its test L0 (``l0_mean``) stands in, and the pages say so.
+    """
+    val = pd.to_numeric(results.get("val_l0", pd.Series(_NAN, index=results.index)),
+                        errors="coerce")
+    test = pd.to_numeric(results["l0_mean"], errors="coerce")
+    on_val = bool(len(results)) and bool(np.isfinite(val).all())
+    return (val if on_val else test), on_val
+
+
+def _exact(rows: pd.DataFrame) -> bool:
+    """Whether every run of ``rows`` has exact zeros (its FVU at L0 is its FVU)."""
+    at, plain = (pd.to_numeric(rows[c], errors="coerce") for c in ("fvu_at_l0", "fvu"))
+    return bool(((at - plain).abs() <= _EXACT_TOL).all())
+
+
+def _seed_point(runs: pd.DataFrame, target: float) -> dict | None:
+    """One seed's runs of a model (a ``_place`` column: the L0 they are placed by) at
+    ``target``: the run within :data:`L0_TOLERANCE` of it, taken as it is, or the two that
+    bracket it, interpolated linearly in log L0; None when the seed does not reach it."""
+    runs = runs.sort_values("_place", kind="stable")
+    near = runs[(runs["_place"] - target).abs() <= L0_TOLERANCE * target]
+    if len(near):
+        lo = hi = near.loc[(near["_place"] - target).abs().idxmin()]
+        w = 0.0
+    else:
+        below, above = runs[runs["_place"] < target], runs[runs["_place"] > target]
+        if below.empty or above.empty:
+            return None
+        lo, hi = below.iloc[-1], above.iloc[0]
+        w = math.log(target / lo["_place"]) / math.log(hi["_place"] / lo["_place"])
+    out = {"values": {float(lo["value"]), float(hi["value"])}, "runs": [lo, hi]}
+    for metric in ["l0_mean", *MATCHED_METRICS]:
+        a, b = (pd.to_numeric(pd.Series([r.get(metric, _NAN)]), errors="coerce")[0]
+                for r in (lo, hi))
+        if metric == "l0_mean" and w and a > 0 and b > 0:  # the L0 it stands for, on the
+            out[metric] = math.exp(math.log(a) + w * (math.log(b) - math.log(a)))  # test set
+        else:
+            out[metric] = float(a + w * (b - a)) if w else float(a)
+    return out
+
+
+def at_l0(results: pd.DataFrame, targets: Iterable[float] = BAND_TARGETS) -> pd.DataFrame:
+    """Each model's metrics at the same mean L0: interpolated per seed on its own curve.
 
     Settings with different λ (or k) land at different mean L0, and FVU falls steeply with L0,
-    so models are compared at common target L0s instead: for each dataset, model and target t,
-    the model's settings are sorted by mean L0; the setting nearest t is taken as it is when it
-    lies within :data:`L0_TOLERANCE` (5 %) of t,
-    otherwise the two settings that bracket t are interpolated linearly in log L0, weight
+    so models are compared at common target L0s instead. For each dataset, model, target t and
+    seed, the seed's runs are placed by their validation mean L0 (:func:`choice_l0`); the run
+    within :data:`L0_TOLERANCE` (5 %) of t is taken as it is, otherwise the two runs that
+    bracket t are interpolated linearly in log L0, weight
     ``w = log(t / L0_lo) / log(L0_hi / L0_lo)``, for every metric of :data:`MATCHED_METRICS`
-    (seed means). A model whose settings do not reach t on both sides has no row: nothing is
-    extrapolated.
+    (test metrics, and the validation FVU). A seed whose runs do not reach t on both sides is
+    left out (nothing is extrapolated); a model with no such seed has no row. The row is the
+    mean over the seeds that reach t, with their sample std (ddof = 1; NaN with one seed).
+
+    Args:
+        results: one row per run (:func:`sae.sweep.aggregate.results_frame`).
+        targets: the target L0s.
 
     Returns:
         One row per (dataset, target, model) reached: ``dataset``, ``target``, ``model``,
-        ``l0`` (the mean L0 the row stands for: the target, or the setting's own when taken as
-        it is), ``lo_index`` / ``hi_index`` (the ``summary`` rows used), ``kind``, ``param``,
-        ``lo_value`` / ``hi_value`` (their settings; equal when one was taken as it is),
-        ``lo_l0`` / ``hi_l0``, ``exact_zeros`` and every metric of
-        :data:`MATCHED_METRICS` with its seed std (``<metric>_std``, interpolated alike).
-        Ordered by dataset, target, then the models' order.
+        ``l0`` (the test mean L0 the row stands for, a mean over seeds), ``kind``, ``param``,
+        ``lo_value`` / ``hi_value`` (the smallest and largest setting used by any seed; equal
+        when every seed took the same run as it is), ``n_seeds`` (seeds that reach t) and
+        ``n_missing`` (seeds that do not), ``exact_zeros``, ``on_validation`` (placed by
+        validation L0, else by test L0) and every metric of :data:`MATCHED_METRICS` with
+        its std over seeds (``<metric>_std``). Ordered by dataset, target, then the models'
+        order.
     """
-    columns = ["dataset", "target", "model", "l0", "lo_index", "hi_index", "kind", "param",
-               "lo_value",
-               "hi_value", "lo_l0",
-               "hi_l0", "exact_zeros"] + [f"{m}{s}" for m in MATCHED_METRICS for s in ("", "_std")]
+    columns = ["dataset", "target", "model", "l0", "kind", "param", "lo_value", "hi_value",
+               "n_seeds", "n_missing", "exact_zeros", "on_validation"] + \
+        [f"{m}{s}" for m in MATCHED_METRICS for s in ("", "_std")]
     rows = []
-    if summary.empty:
+    if results.empty:
         return pd.DataFrame(rows, columns=columns)
-    exact = exact_zeros(summary)
-    l0 = pd.to_numeric(summary["l0_mean_mean"], errors="coerce")
-    for dataset in dict.fromkeys(summary["dataset"]):
+    place, on_val = choice_l0(results)
+    data = results.assign(_place=place)
+    data = data[np.isfinite(data["_place"]) & (data["_place"] > 0)]
+    for dataset in dict.fromkeys(results["dataset"]):
         for target in targets:
-            for model in dict.fromkeys(summary.loc[summary["dataset"] == dataset, "model"]):
-                part = summary[(summary["dataset"] == dataset) & (summary["model"] == model)
-                               & np.isfinite(l0) & (l0 > 0)]
-                part = part.assign(_l0=l0[part.index]).sort_values("_l0", kind="stable")
-                near = part[(part["_l0"] - target).abs() <= L0_TOLERANCE * target]
-                if len(near):
-                    lo = hi = near.loc[(near["_l0"] - target).abs().idxmin()]
-                    w = 0.0
-                else:
-                    below, above = part[part["_l0"] < target], part[part["_l0"] > target]
-                    if below.empty or above.empty:
-                        continue
-                    lo, hi = below.iloc[-1], above.iloc[0]
-                    w = math.log(target / lo["_l0"]) / math.log(hi["_l0"] / lo["_l0"])
+            for model in dict.fromkeys(results.loc[results["dataset"] == dataset, "model"]):
+                part = data[(data["dataset"] == dataset) & (data["model"] == model)]
+                seeds = list(dict.fromkeys(part["seed"]))
+                points = [p for p in (_seed_point(part[part["seed"] == s], target)
+                                      for s in seeds) if p is not None]
+                if not points:
+                    continue
+                values = sorted(set().union(*(p["values"] for p in points)))
+                used = pd.DataFrame([r for p in points for r in p["runs"]])
+                first = part.iloc[0]
                 out = {"dataset": dataset, "target": float(target), "model": model,
-                       "l0": float(lo["_l0"]) if lo.name == hi.name else float(target),
-                       "lo_index": lo.name, "hi_index": hi.name,
-                       "kind": lo["kind"], "param": lo["param"], "lo_value": lo["value"],
-                       "hi_value": hi["value"], "lo_l0": lo["_l0"], "hi_l0": hi["_l0"],
-                       "exact_zeros": bool(exact[lo.name] and exact[hi.name])}
+                       "l0": float(np.mean([p["l0_mean"] for p in points])),
+                       "kind": first["kind"], "param": first["param"],
+                       "lo_value": values[-1] if first["param"] == "lambda" else values[0],
+                       "hi_value": values[0] if first["param"] == "lambda" else values[-1],
+                       "n_seeds": len(points), "n_missing": len(seeds) - len(points),
+                       "exact_zeros": _exact(used), "on_validation": on_val}
                 for metric in MATCHED_METRICS:
-                    for stat, name in (("mean", metric), ("std", f"{metric}_std")):
-                        a = pd.to_numeric(pd.Series([lo[f"{metric}_{stat}"],
-                                                     hi[f"{metric}_{stat}"]]), errors="coerce")
-                        out[name] = float(a[0] + w * (a[1] - a[0])) if w else float(a[0])
+                    v = pd.Series([p[metric] for p in points], dtype=float)
+                    out[metric] = float(v.mean()) if v.notna().any() else _NAN
+                    out[f"{metric}_std"] = float(v.std()) if v.notna().sum() > 1 else _NAN
                 rows.append(out)
     return pd.DataFrame(rows, columns=columns)
 
@@ -155,39 +220,45 @@ _VERDICT_COLUMNS = ["dataset", "band", "target", "criterion", "metric", "n_candi
                     "margin", "clear", "excluded"]
 
 
-def verdict(summary: pd.DataFrame, probe_loss: str = "softmax") -> pd.DataFrame:
+def verdict(results: pd.DataFrame, probe_loss: str = "softmax") -> pd.DataFrame:
     """The best model per dataset, L0 band and criterion, every criterion at equal L0.
 
     For each dataset and each band of :data:`L0_BANDS` holding at least one configuration (by
-    its mean L0), the models are compared at the band's target L0 in :data:`BAND_TARGETS` (16,
-    32, 64) on their own interpolated curves (:func:`at_l0`), on every criterion of
-    :func:`criteria`: FVU at L0 (lowest wins), probe accuracy (the probe trained with
-    ``probe_loss``; highest wins) and dead units (fewest wins). A setting at L0 48 would beat one
-    at L0 31 in the same band only by being less sparse, so no criterion compares settings as
-    they fell. Only models with exact zeros (:func:`exact_zeros`) compete on FVU at L0; the
-    others are named in ``excluded``. A model whose settings do not reach the target on both
-    sides is not compared (nothing is extrapolated). Equal means (a tie, e.g. 0 % dead) all win.
+    its mean validation L0, :func:`choice_l0`), the models are compared at the band's target L0
+    in :data:`BAND_TARGETS` (16, 32, 64) on their own curves, interpolated per seed
+    (:func:`at_l0`), on every criterion of :func:`criteria` that has values: FVU at L0 (lowest
+    wins), the adaptive gain, on data with known features their recovery and how well L0
+    tracks each input's true number of features, probe accuracy (the probe trained with
+    ``probe_loss``) and dead units (fewest wins). A setting at L0 48 would beat one at L0 31 in
+    the same band only by being less sparse, so no criterion compares settings as they fell.
+    Only models with exact zeros compete on FVU at L0; the others are named in ``excluded``. A
+    model whose settings do not reach the target on both sides is not compared (nothing is
+    extrapolated). Equal means (a tie, e.g. 0 % dead) all win.
 
     Returns:
         One row per (dataset, band, criterion) with candidates: ``target`` (the L0 compared
-        at), ``n_candidates``, ``winners`` (``summary`` index labels of winners taken as they
-        are, within :data:`L0_TOLERANCE` of the target; interpolated winners have no single
-        row), ``models`` (the winning models' names), ``winner`` (text: model, L0 and the λ or
-        k it stands for, ties joined by ", "), ``score`` / ``score_std`` (the winner's mean and
-        seed std), ``runner_up`` and ``runner_up_score`` (the best non-winner, '' and NaN when
-        none), ``margin`` (absolute gap to it), ``clear`` (the margin exceeds both seed stds;
-        NaN when not measurable) and ``excluded`` (left out, as text). Bands follow
-        :data:`L0_BANDS`, datasets their order in ``summary``.
+        at), ``n_candidates``, ``winners`` (the configurations, ``(model, value)``, of winners
+        that every seed took as they are, within :data:`L0_TOLERANCE` of the target;
+        interpolated winners have no single configuration), ``models`` (the winning models'
+        names), ``winner`` (text: model, L0 and the λ or k it stands for, ties joined by ", "),
+        ``score`` / ``score_std`` (the winner's mean and seed std), ``runner_up`` and
+        ``runner_up_score`` (the best non-winner, '' and NaN when none), ``margin`` (absolute
+        gap to it), ``clear`` (the margin exceeds both seed stds; NaN when not measurable) and
+        ``excluded`` (left out, as text). Bands follow :data:`L0_BANDS`, datasets their order
+        in ``results``.
     """
     rows = []
-    if summary.empty:
+    if results.empty:
         return pd.DataFrame(rows, columns=_VERDICT_COLUMNS)
-    bands = summary["l0_mean_mean"].map(l0_band)
-    matched = at_l0(summary)
+    place, _ = choice_l0(results)
+    config_l0 = results.assign(_place=place).groupby(CONFIG_KEYS, sort=False, dropna=False)[
+        "_place"].mean().reset_index()
+    bands = config_l0["_place"].map(l0_band)
+    matched = at_l0(results)
     labels = [_band_label(lo, hi) for lo, hi in L0_BANDS]
-    for dataset in dict.fromkeys(summary["dataset"]):
+    for dataset in dict.fromkeys(results["dataset"]):
         for band, target in zip(labels, BAND_TARGETS, strict=True):
-            if not ((summary["dataset"] == dataset) & (bands == band)).any():
+            if not ((config_l0["dataset"] == dataset) & (bands == band)).any():
                 continue
             at = matched[(matched["dataset"] == dataset) & (matched["target"] == target)]
             for criterion, (metric, better, _) in criteria(probe_loss).items():
@@ -213,8 +284,9 @@ def _matched_row(at: pd.DataFrame, target: float, metric: str, better: str,
     best = scores.min() if better == "min" else scores.max()
     tied = at[(scores - best).abs() <= 1e-12]
     others = at.drop(tied.index)
-    # a winner taken as it is (not interpolated) has a cell in the summary table to mark
-    taken = [r["lo_index"] for _, r in tied.iterrows() if r["lo_index"] == r["hi_index"]]
+    # a winner every seed took as it is (not interpolated) has a cell in the summary table
+    taken = [(r["model"], r["lo_value"]) for _, r in tied.iterrows()
+             if r["lo_value"] == r["hi_value"]]
     out = {"n_candidates": len(at), "winners": taken, "models": [str(m) for m in tied["model"]],
            "winner": ", ".join(_matched_name(r, target) for _, r in tied.iterrows()),
            "score": float(best), "score_std": float(tied.iloc[0][f"{metric}_std"]),
@@ -244,7 +316,7 @@ def _matched_name(row: Mapping, target: float) -> str:
     return f"{row['model']} at L0 {at} ({matched_label(row)})"
 
 
-def headline(summary: pd.DataFrame) -> pd.DataFrame:
+def headline(results: pd.DataFrame) -> pd.DataFrame:
     """Every model at the L0s of :data:`HEADLINE_TARGETS` (16 and 32 active units):
     :func:`at_l0` at those targets, the one-table answer the README quotes."""
-    return at_l0(summary, HEADLINE_TARGETS)
+    return at_l0(results, HEADLINE_TARGETS)

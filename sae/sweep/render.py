@@ -65,23 +65,41 @@ def legend() -> str:
 
 
 _VERDICT_NOTE = ("Every criterion is compared at the same L0 for every model (16, 32 or 64 "
-                 "active units, the band's target), interpolated on each model's own curve "
-                 "(linear in log L0 between the two settings that bracket the target, or a "
-                 "setting within 5 % of the target, whose own L0 is named): FVU at L0, probe "
-                 "accuracy and dead units alike, so no model wins by being less sparse. A model "
-                 "whose settings do not reach the target on both sides is not compared there "
-                 "(nothing is extrapolated). Only models with exact zeros (FVU at L0 = FVU) "
-                 "compete on FVU at L0: a code without them, the KL-SAE's, reconstructs with "
-                 "units its L0 does not count. \"Within seed std\": the margin to the "
-                 "runner-up is no larger than the seed spread.")
+                 "active units, the band's target), interpolated per seed on each model's own "
+                 "curve (linear in log L0 between the two settings that bracket the target, or "
+                 "a setting within 5 % of the target, whose own L0 is named), the runs placed "
+                 "by their validation L0 and scored on the test set: outcomes first (FVU at L0, "
+                 "the adaptive gain; on data with known features their recovery and how well L0 "
+                 "tracks the true L0), then probe accuracy and dead units, so no model wins by "
+                 "being less sparse. A model whose settings do not reach the target on both "
+                 "sides is not compared there (nothing is extrapolated). Only models with exact "
+                 "zeros (FVU at L0 = FVU) compete on FVU at L0: a code without them, the "
+                 "KL-SAE's, reconstructs with units its L0 does not count. \"Within seed "
+                 "std\": the margin to the runner-up is no larger than the seed spread.")
 
 
-_HEADLINE_NOTE = ("Every model at the same mean L0 (target: 16 and 32 active units): its seed "
-                  "means interpolated between the two settings that bracket the target "
-                  "(\"from\"; linear in log L0), or the one setting within 5 % of it, taken as "
-                  "it is (L0: the L0 the row stands for). A model whose settings "
-                  "do not reach an L0 has no row there. Values lose: FVU at L0 − support FVU, "
-                  "what the model's values lose against the best values on its own supports.")
+_HEADLINE_NOTE = ("Every model at the same mean L0 (target: 16 and 32 active units): for each "
+                  "seed, its runs are placed by their validation L0 and the two settings that "
+                  "bracket the target are interpolated (\"from\"; linear in log L0), or the "
+                  "one setting within 5 % of it is taken as it is; cells are the mean ± std over "
+                  "the seeds that reach the target (\"seeds\") of the test metrics (val FVU: "
+                  "the validation split's) and L0 the test L0 the row stands for. A model whose "
+                  "settings do not reach an L0 has no row there. Values lose: FVU at L0 − "
+                  "support FVU, what the model's values lose against the best values on its own "
+                  "supports. Adaptivity | energy: the adaptivity with the input's energy held "
+                  "fixed; energy baseline: what an L0 ranked by energy alone scores on "
+                  "adaptivity.")
+
+_TEST_PLACED = ("This results table predates validation metrics: runs are placed by their "
+                "test L0.")
+
+
+def headline_note(results) -> str:
+    """The headline's note, saying so where runs are placed by test L0 (an earlier table)."""
+    from sae.sweep.matching import choice_l0
+
+    _, on_val = choice_l0(results)
+    return _HEADLINE_NOTE if on_val or results.empty else f"{_HEADLINE_NOTE} {_TEST_PLACED}"
 
 
 # --------------------------------------------------------------------------- findings
@@ -297,10 +315,12 @@ def _kl_missing(kl) -> str | None:
     return None
 
 
-def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str, float]],
+def comparison_markdown(sweep: Sweep, results, raw: dict[str, dict[str, float]],
                         n_runs: int, n_done: int, links: dict | None = None) -> str:
-    """comparison.md: per dataset the verdict, its findings, the summary table (best cells
-    bold) and the "vs KL-SAE" table; links to related pages when ``links`` names any."""
+    """comparison.md of the runs ``results``: per dataset the verdict, its findings, the
+    headline, the summary table (best cells bold) and the "vs KL-SAE" table; links to related
+    pages when ``links`` names any."""
+    from sae.sweep.aggregate import match_kl, summarize_seeds
     from sae.sweep.display import (
         best_cells,
         headline_display,
@@ -312,7 +332,9 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
     from sae.sweep.matching import verdict
 
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
-    judged = verdict(summary, sweep.probe_loss)
+    summary = summarize_seeds(results)
+    matched = match_kl(summary)
+    judged = verdict(results, sweep.probe_loss)
     parts = [f"# Comparison: {sweep.path.name}", ""]
     if sweep.description:
         parts += [sweep.description.strip(), ""]
@@ -325,8 +347,8 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
         parts += [f"## {dataset}", "", f"### {dataset}: verdict", "", _VERDICT_NOTE, "",
                   to_markdown(verdict_display(judged, dataset)), ""]
         parts += [f"- {line}" for line in findings(summary, judged, dataset)] + [""]
-        parts += [f"### {dataset}: headline", "", _HEADLINE_NOTE, "",
-                  to_markdown(headline_display(summary, dataset)), ""]
+        parts += [f"### {dataset}: headline", "", headline_note(results), "",
+                  to_markdown(headline_display(results, dataset)), ""]
         parts += [f"### {dataset}: every configuration", "",
                   to_markdown(summary_display(summary, dataset, raw.get(dataset)),
                               best_cells(summary, dataset, judged)), ""]
@@ -341,12 +363,14 @@ def comparison_markdown(sweep: Sweep, summary, matched, raw: dict[str, dict[str,
     return "\n".join(parts)
 
 
-def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, float]],
+def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
                     pngs: dict[str, bytes],
                     n_runs: int, n_done: int, links: dict | None = None) -> str:
-    """comparison.html: the verdict, findings and tables of comparison.md, the plots, the links
-    of ``links`` (:func:`related_links`) and the sweep file, one page."""
+    """comparison.html of the runs ``results``: the verdict, findings and tables of
+    comparison.md, the plots, the links of ``links`` (:func:`related_links`) and the sweep
+    file, one page."""
     from sae import pages
+    from sae.sweep.aggregate import match_kl, summarize_seeds
     from sae.sweep.display import (
         best_cells,
         headline_display,
@@ -358,7 +382,9 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
     from sae.sweep.matching import verdict
 
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
-    judged = verdict(summary, sweep.probe_loss)
+    summary = summarize_seeds(results)
+    matched = match_kl(summary)
+    judged = verdict(results, sweep.probe_loss)
     sections = []
     for dataset in _datasets(sweep, summary):
         kl = kl_display(matched, dataset)
@@ -368,8 +394,9 @@ def comparison_html(sweep: Sweep, summary, matched, raw: dict[str, dict[str, flo
                 to_html(verdict_display(judged, dataset)),
                 pages.fragment("<ul>{}</ul>", pages.join(
                     pages.fragment("<li>{}</li>", line) for line in lines)) if lines else "",
-                pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Headline", _HEADLINE_NOTE),
-                to_html(headline_display(summary, dataset)),
+                pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Headline",
+                               headline_note(results)),
+                to_html(headline_display(results, dataset)),
                 pages.fragment("<h3>{}</h3>", "Every configuration"),
                 to_html(summary_display(summary, dataset, raw.get(dataset)),
                         best_cells(summary, dataset, judged), wide=True),
@@ -419,14 +446,13 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
     the data splits already loaded (for the raw-pixel probes), if any."""
     from sae import figures
     from sae.sweep import plots
-    from sae.sweep.aggregate import PROBE_METRICS, match_kl, summarize_seeds
+    from sae.sweep.aggregate import PROBE_METRICS, summarize_seeds
 
     done = [r for r in runs if run_state(sweep_dir / r.rel) == "done"]
     results, l0, per_class = collect(sweep_dir, done, analyses)
     data = DataCache() if data is None else data
     raw = raw_by_dataset(raw_probes(sweep_dir, done, data) if done else [], runs)
     summary = summarize_seeds(results)
-    matched = match_kl(summary)
     written = []
     csv = sweep_dir / "results.csv"
     write_text(csv, results.drop(columns="config").to_csv(index=False))
@@ -450,10 +476,9 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
     n_done = len(results)
     links = related_links(sweep_dir, sweep.datasets, results)
     md = sweep_dir / "comparison.md"
-    write_text(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done, links))
+    write_text(md, comparison_markdown(sweep, results, raw, len(runs), n_done, links))
     page = sweep_dir / "comparison.html"
-    write_text(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done,
-                                     links))
+    write_text(page, comparison_html(sweep, results, raw, pngs, len(runs), n_done, links))
     return [csv, md, page, *written]
 
 
@@ -466,18 +491,13 @@ def publish_page(sweep_dir: Path, sweep: Sweep, runs: list[Run], folder: Path) -
     """
     import pandas as pd
 
-    from sae.sweep.aggregate import match_kl, summarize_seeds
-
     results = pd.read_csv(sweep_dir / "results.csv")
     raw = raw_by_dataset(read_json(sweep_dir / "raw_probe.json", list) or [], runs)
-    summary = summarize_seeds(results)
-    matched = match_kl(summary)
     pngs = {name: (sweep_dir / name).read_bytes() for name in FIGURE_FILES
             if (sweep_dir / name).is_file()}
     links = related_links(folder, sweep.datasets, results)
     n_done = len(results)
     md, page = folder / "comparison.md", folder / "comparison.html"
-    write_text(md, comparison_markdown(sweep, summary, matched, raw, len(runs), n_done, links))
-    write_text(page, comparison_html(sweep, summary, matched, raw, pngs, len(runs), n_done,
-                                     links))
+    write_text(md, comparison_markdown(sweep, results, raw, len(runs), n_done, links))
+    write_text(page, comparison_html(sweep, results, raw, pngs, len(runs), n_done, links))
     return [md, page]
