@@ -88,8 +88,8 @@ class SAEConfig:
                           "support gate reaches units near the threshold)",
                           choices=("auto", "shrunk", "unshrunk", "unshrunk-ste"))
     temperature: str = setting("auto", "sparsemax/entmax: the temperature T of the support "
-                               "map(a / T); auto = global for sparsemax's batch support "
-                               "and entmax, energy for sparsemax's per-input support; "
+                               "map(a / T); auto = energy for sparsemax's per-input support, "
+                               "global for its batch support and for entmax; "
                                "global, one learned T per group; learned, "
                                "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
                                "the spread (std) of the input's scores over the group's "
@@ -111,13 +111,12 @@ class SAEConfig:
                              "that keeps as many units as sparsemax kept (as BatchTopK's)",
                              choices=("auto", "sparsemax", "threshold"))
     support: str = setting("auto", "sparsemax: what one projection onto the simplex covers; "
-                           "auto = batch (input when --values, --temperature, --inference "
-                           "or --energy-power ask for a per-input design); input, each "
-                           "input's scores (its own support, mass 1 per input); batch, the "
-                           "whole batch's scores at once (mass B over the batch, so an input "
-                           "with higher scores gets more units, as BatchTopK to TopK), with "
-                           "the batch threshold's running mean at inference; its auto "
-                           "temperature is global",
+                           "auto = input, each input's scores (its own support, chosen from "
+                           "its own scores in training and at inference, mass 1 per input); "
+                           "batch, the whole batch's scores at once in training (an input "
+                           "with higher scores gets more units, as BatchTopK to TopK) and one "
+                           "shared threshold, the batch threshold's running mean, at "
+                           "inference; its auto temperature is global",
                            choices=("auto", "input", "batch"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
@@ -182,11 +181,10 @@ class SAEConfig:
         return self._resolved("values")
 
     def resolved_temperature(self) -> str:
-        """``auto``: the global temperature for the Sparsemax-SAE's batch support (a per-input
-        one would divide away the scale its shared threshold reads) and the energy temperature
-        for its per-input support (a configuration saved with ``auto`` before that became the
-        default: the normalized one, ``SAVED_AUTO``); the global one for entmax (chosen by the
-        candidate comparisons; see the README)."""
+        """``auto``: the energy temperature for the Sparsemax-SAE's per-input support (a
+        configuration saved with ``auto`` before that became the default: the normalized one,
+        ``SAVED_AUTO``), the global one for its batch support (a per-input temperature would
+        divide away the scale its shared threshold reads) and for entmax (see the README)."""
         return self._resolved("temperature")
 
     def resolved_inference(self) -> str:
@@ -200,11 +198,12 @@ class SAEConfig:
         return self._resolved("inference")
 
     def resolved_support(self) -> str:
-        """``auto``: the batch support for the Sparsemax-SAE (chosen by the published
-        comparisons: it follows input difficulty as BatchTopK does at BatchTopK's FVU; see the
-        README), unless its values, temperature, inference or energy power ask for a per-input
-        design (``sae.variants.AUTO_DEPENDS``); ``input`` for a configuration saved before the
-        setting existed (``SAVED_BEFORE``)."""
+        """``auto``: each input's own support (``input``), what the name sparsemax promises:
+        the projection of the input's own scores onto the simplex, at inference as in
+        training. The batch support (``batch``) trains with one threshold for the batch and
+        infers with one shared threshold, BatchTopK's rule; it was the default for a while,
+        and runs saved with it keep it (configurations save the support they resolved to).
+        ``input`` for a configuration saved before the setting existed (``SAVED_BEFORE``)."""
         return self._resolved("support")
 
     def resolved_init(self) -> str:

@@ -78,18 +78,6 @@ def _inference(meant: str, value: Callable[[str], str], settings: Mapping[str, o
     return "sparsemax" if value("values") == "shrunk" else meant
 
 
-def _support(meant: str, value: Callable[[str], str], settings: Mapping[str, object]) -> str:
-    # the batch support needs unshrunk-ste values, one temperature per group and its own
-    # threshold at inference; asking for any other of these, or for the energy temperature's
-    # power, asks for a per-input support. The temperature is read as given (its own auto
-    # follows the support)
-    per_input = (value("values") != "unshrunk-ste" or value("inference") == "threshold"
-                 or settings.get("temperature", "auto") not in ("auto", "global")
-                 or settings.get("energy_power", 0.0) != 0.0
-                 or settings.get("energy_power_mode", "learn") != "learn")
-    return "input" if per_input else meant
-
-
 def _temperature(meant: str, value: Callable[[str], str],
                  settings: Mapping[str, object]) -> str:
     # a batch support's scores keep their scale, which is what lets an input with higher
@@ -97,8 +85,7 @@ def _temperature(meant: str, value: Callable[[str], str],
     return "global" if value("support") == "batch" else meant
 
 
-AUTO_DEPENDS: dict[str, AutoRule] = {
-    "inference": _inference, "support": _support, "temperature": _temperature}
+AUTO_DEPENDS: dict[str, AutoRule] = {"inference": _inference, "temperature": _temperature}
 
 VARIANTS: dict[str, Variant] = {}
 
@@ -158,8 +145,7 @@ register(Variant("kl", "sae.models.kl:KLSAE", settings=("rho", "kl_threshold")))
 register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
                  settings=("values", "energy_power", "energy_power_mode", "inference",
                            "support", *_SUPPORT_MAP),
-                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data",
-                       "support": "batch"}))
+                 auto={"values": "unshrunk-ste", "temperature": "energy", "init": "data"}))
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))
 register(Variant("topk", "sae.models.topk:TopKSAE", budget="fixed"))

@@ -181,11 +181,11 @@ def test_the_batch_support_settings_and_what_a_checkpoint_holds():
     model = build_model(config, torch.rand(20), 2.0)
     assert set(expected_state(pinned.__dict__, "ckpt")) == set(model.state_dict())
     assert {"inference_threshold", "threshold_batches"} <= set(model.state_dict())
-    # the default; a setting that asks for a per-input design asks for the per-input support,
-    # and a configuration saved before the setting existed keeps the support it had
+    # the default is each input's own support, whatever the other settings, and a
+    # configuration saved before the setting existed keeps the support it had
     default = SAEConfig(input_dim=20)
-    assert (default.resolved_support(), default.resolved_temperature()) == ("batch", "global")
-    assert SAEConfig(temperature="global").resolved_support() == "batch"
+    assert (default.resolved_support(), default.resolved_temperature()) == ("input", "energy")
+    assert SAEConfig(temperature="global").resolved_support() == "input"
     for kw in ({"values": "shrunk"}, {"values": "unshrunk"}, {"temperature": "energy"},
                {"temperature": "normalized"}, {"inference": "threshold"}, {"support": "input"},
                {"energy_power": 1.5}, {"energy_power_mode": "fixed"}):

@@ -334,9 +334,8 @@ def test_state_dict_keys_are_those_of_saved_checkpoints(name, arch):
     expected = SHARED_KEYS + (MLP_KEYS if arch == "mlp" else [])
     if name in ("sparsemax", "entmax"):
         expected += SUPPORT_KEYS
-    if name == "sparsemax":  # the default batch support's running threshold (a checkpoint
-        # saved before it, with a per-input support, loads without it: see the tests below)
-        expected += ["inference_threshold", "threshold_batches"]
+    if name == "sparsemax":  # the default energy temperature's learned power γ
+        expected += ["energy_exponent"]
     if name == "entmax":
         expected += ["entmax.alpha_raw"]
     if name == "batchtopk":
@@ -348,8 +347,8 @@ def test_state_dict_keys_are_those_of_saved_checkpoints(name, arch):
 
 
 def test_a_threshold_at_inference_saves_its_running_mean_with_the_weights():
-    # the per-input support (the default before the batch support) with the energy temperature
-    # has its power and no threshold; a threshold at inference (the default before that) adds
+    # the per-input support (the default) with the energy temperature has its power and no
+    # threshold; a threshold at inference (the default before that) adds
     # its running mean (a checkpoint saved before the rule existed loads without these, with
     # its own support at inference)
     own = small_model("sparsemax", dead_guard="none", support="input")

@@ -435,14 +435,14 @@ def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, v
 
 # ---- the default and configurations saved before it ------------------------------------------
 
-def test_the_default_is_the_batch_support_with_values_that_grow_back():
+def test_the_default_is_each_inputs_own_support_with_values_that_grow_back():
     default = SAEConfig()
     assert (default.resolved_support(), default.resolved_temperature(),
-            default.resolved_values()) == ("batch", "global", "unshrunk-ste")
-    # with a per-input support the default temperature is the energy one
-    per_input = SAEConfig(support="input")
-    assert (per_input.resolved_temperature(), per_input.resolved_values()) == (
-        "energy", "unshrunk-ste")
+            default.resolved_values()) == ("input", "energy", "unshrunk-ste")
+    # the batch support is a named variant, with the global temperature
+    batch = SAEConfig(support="batch")
+    assert (batch.resolved_temperature(), batch.resolved_values()) == (
+        "global", "unshrunk-ste")
     entmax = SAEConfig(model="entmax")
     assert (entmax.resolved_temperature(), entmax.resolved_values()) == ("global", "shrunk")
     for name in ("l1", "topk"):  # auto is valid for every model; a named mode is not
@@ -456,15 +456,15 @@ def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meanin
     from sae.config import pin_auto
 
     # a new run pins auto: its config.yaml and checkpoint name the mode, not auto
-    for model, expected in (("sparsemax", ("global", "unshrunk-ste")),
+    for model, expected in (("sparsemax", ("energy", "unshrunk-ste")),
                             ("entmax", ("global", "auto")), ("l1", ("auto", "auto"))):
         sae = run_config(["--model", model, "--out", str(tmp_path / model)]).sae
         assert (sae.temperature, sae.values) == expected, model
         sae.validate()
     # so does a model built from the Python API: its checkpoint names the modes
     built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
-    assert built.hparams["config"]["support"] == "batch"
-    assert built.hparams["config"]["temperature"] == "global"
+    assert built.hparams["config"]["support"] == "input"
+    assert built.hparams["config"]["temperature"] == "energy"
     assert built.hparams["config"]["values"] == "unshrunk-ste"
     assert run_config(["--support", "input", "--out", str(tmp_path / "own")]).sae.temperature \
         == "energy"
@@ -505,12 +505,13 @@ def test_the_default_inference_is_the_supports_own_rule_and_a_run_keeps_the_rule
     assert SAEConfig(model="l1").resolved_inference() == "sparsemax"
     assert pin_auto({"model": "l1", "inference": "auto"})["inference"] == "auto"
     assert run_config(["--model", "sparsemax"]).sae.inference == "sparsemax"
-    # with the per-input support, nothing to track; the batch support (the default) infers
+    # with the per-input support (the default), nothing to track; the batch support infers
     # with the running mean of its batch threshold, which its checkpoint holds
-    built = build_model(SAEConfig(input_dim=20, hidden=32, support="input"), torch.rand(20), 2.0)
+    built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
     assert built.hparams["config"]["inference"] == "sparsemax" and built.inference == "sparsemax"
     assert "inference_threshold" not in dict(built.named_buffers())
-    batch = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
+    batch = build_model(SAEConfig(input_dim=20, hidden=32, support="batch"), torch.rand(20),
+                        2.0)
     assert batch.hparams["config"]["inference"] == "sparsemax"
     assert "inference_threshold" in dict(batch.named_buffers())
     # the threshold is asked for by name, and needs unshrunk values

@@ -20,8 +20,8 @@ from sae.convergence import last_epoch_change, read_validation
 from sae.sweep import launch, spec
 
 # three models trained one after the other by one worker (--jobs 1), so anything a run leaves
-# behind in the process would reach the next: BatchTopK and the Sparsemax-SAE's default (the
-# batch support) each carry a running threshold; 8 steps per epoch, enough epochs to be killed in
+# behind in the process would reach the next: BatchTopK and the Sparsemax-SAE's batch support
+# each carry a running threshold; 8 steps per epoch, enough epochs to be killed in
 SWEEP = {
     "description": "three models, one worker",
     "datasets": ["mnist"],

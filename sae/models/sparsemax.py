@@ -35,10 +35,10 @@ class SparsemaxSAE(SparseAutoencoder):
     (L0 ≈ 6 of 512 after an epoch on MNIST). The code carries magnitude through r (Σ_j h_j = r,
     and any non-negative h can be written this way), which a raw sparsemax code cannot (Σ p = 1).
 
-    ``--model sparsemax`` defaults (``auto``) to the batch support with ``unshrunk-ste`` values
-    and the global temperature, and with a per-input support to the energy temperature, chosen
-    by comparing the candidates at equal L0 (the README gives the runs); ``EntmaxSAE`` keeps
-    the global temperature and shrunk values.
+    ``--model sparsemax`` defaults (``auto``) to each input's own support (the projection of
+    its own scores, at inference as in training: what the name promises) with ``unshrunk-ste``
+    values and the energy temperature (the README says how the design was chosen);
+    ``EntmaxSAE`` keeps the global temperature and shrunk values.
 
     **Temperature** (``temperature``), with a learned T_g = exp(log T_g) per group in every mode:
 
@@ -137,10 +137,8 @@ class SparsemaxSAE(SparseAutoencoder):
     the reconstruction, so it is not the default (the README gives what each rule costs and
     gains on the same trained models).
 
-    **Support** (``support``; ``auto`` = ``batch``, the default since the published
-    comparisons chose it; ``input`` where the values, temperature, inference or energy power ask
-    for a per-input design). ``input``: each input's scores are
-    projected onto its own simplex, as above. ``batch``: the whole batch's scores are projected
+    **Support** (``support``; ``auto`` = ``input``). ``input``: each input's scores are
+    projected onto its own simplex, as above, in training and at inference. ``batch``: the whole batch's scores are projected
     at once, per group, onto {p >= 0, Σ_{i,j} p_ij = B} (``project``), as BatchTopK takes the
     top k·B of a batch where TopK takes each input's top k:
 
@@ -153,9 +151,11 @@ class SparsemaxSAE(SparseAutoencoder):
     active share. At inference the batch is replaced by a running mean (rate
     ``BATCH_THRESHOLD_RATE``) of T·τ, the threshold on the pre-activations a, so that a unit fires
     where a_j > θ and the code of an input does not depend on its batch; the units admitted at
-    inference are those the same rule trained. The temperature is the global one: the
-    per-input temperatures divide each input's scale away, which is what a shared threshold
-    reads.
+    inference are those the same rule trained. At inference this is a shared threshold on the
+    pre-activations, BatchTopK's rule and a JumpReLU with one threshold (times the gain r):
+    sparsemax only sets the threshold in training, so it is a named variant, not the default.
+    The temperature is the global one: the per-input temperatures divide each input's scale
+    away, which is what a shared threshold reads.
 
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
