@@ -13,7 +13,7 @@ from torch import Tensor
 from sae import metrics
 from sae.models import SparseAutoencoder, decode_dataset, encode_dataset
 
-__all__ = ["dynamic_measures", "evaluate", "linear_decoder"]
+__all__ = ["dynamic_measures", "evaluate", "ground_truth_measures", "linear_decoder"]
 
 
 def linear_decoder(model: SparseAutoencoder) -> tuple[Tensor, Tensor] | None:
@@ -39,9 +39,32 @@ def dynamic_measures(model: SparseAutoencoder, x_test: Tensor, codes: Tensor,
                                      x_train, threshold=model.fire_threshold)
 
 
+def ground_truth_measures(model: SparseAutoencoder, truth, x_test: Tensor, codes: Tensor,
+                          x_val: Tensor | None = None) -> dict:
+    """The scores against known features (``metrics.ground_truth``) on the test rows, and
+    ``val_gt_l0_spearman`` on the validation rows (what a design is chosen by); ``truth`` is
+    the data's :class:`sae.matrixdata.Truth`. None values for a non-linear decoder."""
+    decoder = linear_decoder(model)
+    if decoder is None:
+        return dict.fromkeys([*metrics.GROUND_TRUTH_KEYS, "val_gt_l0_spearman"])
+    atoms, _ = decoder
+    match = metrics.match_features(atoms, truth.features)
+    mean = model.mean_image.cpu()
+    out = metrics.ground_truth(codes, truth.test, atoms, truth.features, x_test, mean,
+                               model.fire_threshold, match)
+    if x_val is not None:
+        _, val_codes = encode_dataset(model, x_val)
+        out["val_gt_l0_spearman"] = metrics.ground_truth(
+            val_codes, truth.val, atoms, truth.features, x_val, mean, model.fire_threshold,
+            match)["gt_l0_spearman"]
+    return out
+
+
 def evaluate(model: SparseAutoencoder, x_test: Tensor, x_train: Tensor | metrics.PCA,
-             mean_image: Tensor) -> tuple[dict, Tensor]:
-    """All test metrics of ``model`` on x_test [N, D] -> (metrics, codes [N, H] on CPU)."""
+             mean_image: Tensor, truth=None, x_val: Tensor | None = None) -> tuple[dict, Tensor]:
+    """All test metrics of ``model`` on x_test [N, D] -> (metrics, codes [N, H] on CPU); on
+    data whose features are known (``truth``, :class:`sae.matrixdata.Truth`), the scores
+    against them too (the validation rows ``x_val`` for ``val_gt_l0_spearman``)."""
     x_hat, codes = encode_dataset(model, x_test)
     result = metrics.summarize(x_test, x_hat, codes, mean_image, threshold=model.fire_threshold)
     # the reconstruction from only the units counted in L0 (differs from fvu for sigmoid codes,
@@ -51,4 +74,6 @@ def evaluate(model: SparseAutoencoder, x_test: Tensor, x_train: Tensor | metrics
         kept = codes * metrics.active(codes, model.fire_threshold)
         result["fvu_at_l0"] = metrics.fvu(x_test, decode_dataset(model, kept), mean_image)
     result.update(dynamic_measures(model, x_test, codes, x_train))
+    if truth is not None:
+        result.update(ground_truth_measures(model, truth, x_test, codes, x_val))
     return result, codes

@@ -14,6 +14,11 @@ Two ways to name such data (``--data``):
        "images": {"dataset": "mnist"},          (optional: rows index that dataset's images)
        "class_names": ["0", "1", ...]}          (optional)
 
+  Data whose features are known (``python -m sae.synth``) add ``"truth": {"features":
+  "features.npy"}``, the true dictionary [F, D], and to each split ``"active":
+  "train_active.npy"``, each row's true features as bits (``numpy.packbits`` along the row:
+  [N, ceil(F / 8)] uint8); a run on them is scored against the truth (``sae.metrics.truth``).
+
   Paths are relative to the manifest's folder. ``labels`` is an (N,) integer ``.npy`` (for the
   probes and the class figures), ``rows`` an (N,) integer ``.npy`` of the image each row came
   from (row i of the train split came from image ``rows[i]`` of the dataset's training split),
@@ -46,6 +51,8 @@ FORMAT = "sae-activations/1"
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 MANIFEST_LIMIT = 1 << 20  # bytes: a manifest names files; it holds no data
 TEXT_LIMIT = 1 << 30  # bytes: one line per row
+TRUTH_FEATURES = 1 << 16  # true features a manifest may name
+SPLIT_KEYS = ("x", "labels", "rows", "texts", "active")  # what a split of a manifest names
 SCAN_BYTES = 64 << 20  # rows read at a time when scanning a matrix for NaN or inf
 
 
@@ -153,6 +160,7 @@ class MatrixSplit:
     labels: np.ndarray | None = None
     rows: np.ndarray | None = None
     texts: list[str] | None = None
+    active: np.ndarray | None = None  # [N, ceil(F / 8)] uint8: the true features, as bits
     files: dict[str, Path] = field(default_factory=dict)
 
 
@@ -168,6 +176,7 @@ class MatrixData:
     images: str | None = None
     class_names: list[str] | None = None
     source: Path | None = None
+    truth_features: np.ndarray | None = None  # [F, D]: the true dictionary, when known
 
     @property
     def dim(self) -> int:
@@ -187,12 +196,12 @@ def _split(entry: object, folder: Path, name: str, images: str | None,
            n_images: int | None) -> MatrixSplit:
     if not isinstance(entry, dict) or not isinstance(entry.get("x"), str):
         raise MatrixError(f"manifest: {name!r} must be an object with an \"x\" file name")
-    unknown = set(entry) - {"x", "labels", "rows", "texts"}
+    unknown = set(entry) - set(SPLIT_KEYS)
     if unknown:
-        raise MatrixError(f"manifest: {name!r} has unknown keys {sorted(unknown)}; known: x, "
-                          "labels, rows, texts")
+        raise MatrixError(f"manifest: {name!r} has unknown keys {sorted(unknown)}; known: "
+                          f"{', '.join(SPLIT_KEYS)}")
     files = {}
-    for key in ("x", "labels", "rows", "texts"):
+    for key in SPLIT_KEYS:
         value = entry.get(key)
         if value is None:
             continue
@@ -212,7 +221,45 @@ def _split(entry: object, folder: Path, name: str, images: str | None,
         raise MatrixError(f"manifest: \"images\" is given but {name}.rows is not")
     if "texts" in files:
         split.texts = _texts(files["texts"], n)
+    if "active" in files:
+        split.active = _bit_rows(files["active"], n)
     return split
+
+
+def _bit_rows(path: Path, n: int) -> np.ndarray:
+    """An (n, B) uint8 ``.npy`` of packed bits (each row's true features), memory-mapped."""
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 2 or shape[0] != n or shape[1] < 1 or dtype != np.uint8:
+        raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an ({n}, "
+                          "ceil(F / 8)) uint8 array of packed bits is needed, one row per row")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise MatrixError(f"{path} cannot be mapped: {str(e).splitlines()[0]}") from None
+
+
+def _truth(spec: object, folder: Path, dim: int, splits: list[MatrixSplit]) -> np.ndarray:
+    """The true dictionary [F, D] of a manifest's ``truth``, checked against its splits."""
+    if not isinstance(spec, dict) or set(spec) != {"features"} or \
+            not isinstance(spec["features"], str) or not spec["features"]:
+        raise MatrixError("manifest: \"truth\" must be {\"features\": a file name}")
+    path = folder / spec["features"]
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 2 or shape[1] != dim or not 1 <= shape[0] <= TRUTH_FEATURES or \
+            dtype.type not in FLOAT_DTYPES:
+        raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an (F, "
+                          f"{dim}) float array is needed, F at most {TRUTH_FEATURES}")
+    features = np.load(path, allow_pickle=False).astype(np.float32)
+    if not np.isfinite(features).all():
+        raise MatrixError(f"{path}: the true features hold NaN or inf")
+    for split in splits:
+        if split.active is None:
+            raise MatrixError("manifest: \"truth\" is given, so every split needs \"active\"")
+        if split.active.shape[1] != -(-len(features) // 8):
+            raise MatrixError(f"{split.files['active']}: {split.active.shape[1]} bytes per row "
+                              f"for {len(features)} true features; {-(-len(features) // 8)} "
+                              "needed")
+    return features
 
 
 def _image_count(dataset: str, split: str, data_dir: str | Path | None) -> int:
@@ -252,7 +299,8 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
             from None
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
         raise MatrixError(f"{path}: a manifest is a JSON object with \"format\": \"{FORMAT}\"")
-    unknown = set(spec) - {"format", "name", "train", "test", "images", "class_names", "source"}
+    unknown = set(spec) - {"format", "name", "train", "test", "images", "class_names", "source",
+                           "truth"}
     if unknown:
         raise MatrixError(f"{path}: unknown keys {sorted(unknown)}")
     images = spec.get("images")
@@ -285,8 +333,14 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
             raise MatrixError(f"{path}: label {top} has no name in \"class_names\" "
                               f"({len(names)} names)")
     name = spec.get("name") if isinstance(spec.get("name"), str) else path.stem
+    splits = [s for s in (train, test) if s is not None]
+    truth = None
+    if spec.get("truth") is not None:
+        truth = _truth(spec["truth"], folder, train.x.shape[1], splits)
+    elif any(s.active is not None for s in splits):
+        raise MatrixError(f"{path}: \"active\" needs \"truth\" (the true features it marks)")
     return MatrixData(name=name, train=train, test=test, images=images, class_names=names,
-                      source=path)
+                      source=path, truth_features=truth)
 
 
 def load_data(path: str | Path, check_finite: bool = True,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -36,7 +37,7 @@ import torch
 from sae.data import EpochShuffle, IndexedLoaders
 from sae.matrix import MatrixData, MatrixError, describe, load_data, manifest_name
 
-__all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "checked", "data_module",
+__all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "Truth", "checked", "data_module",
            "data_name", "streamed_moments", "streamed_pca"]
 
 BLOCK_BYTES = 64 << 10  # consecutive bytes of training rows one block of the order holds
@@ -135,6 +136,23 @@ class MatrixRows:
         """The rows in order, ``rows`` at a time, as float32 tensors."""
         for start in range(0, len(self), rows):
             yield self[start:start + rows]
+
+
+@dataclass
+class Truth:
+    """The known features of data made by ``python -m sae.synth``: the true dictionary
+    ``features`` [F, D] and each validation and test row's true features (``val`` [N_val, F],
+    ``test`` [N_test, F], bool)."""
+
+    features: torch.Tensor
+    val: torch.Tensor
+    test: torch.Tensor
+
+
+def _bits(packed: np.ndarray, index: np.ndarray, n_features: int) -> torch.Tensor:
+    """Rows ``index`` of packed bits [N, ceil(F / 8)] as a bool tensor [len(index), F]."""
+    return torch.from_numpy(np.unpackbits(np.asarray(packed[index]), axis=1,
+                                          count=n_features).astype(bool))
 
 
 def _tensor(block: np.ndarray) -> torch.Tensor:
@@ -239,6 +257,10 @@ class MatrixDataModule(IndexedLoaders, L.LightningDataModule):
         self.test_row_numbers = test_idx  # each test input's row in its file
         self.test_texts = None if test_split.texts is None else \
             [test_split.texts[i] for i in test_idx]
+        self.truth = None if data.truth_features is None else Truth(
+            torch.from_numpy(data.truth_features),
+            val=_bits(data.train.active, val_idx, len(data.truth_features)),
+            test=_bits(test_split.active, test_idx, len(data.truth_features)))
         rows = MatrixRows(data.train.x, self.train_index)
         self.train_x = rows[:] if self.in_memory else rows
         self.train_y = self._labels(data.train, self.train_index)

@@ -112,6 +112,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("val_l0", "val L0", "mean L0 on the validation split after the last epoch: what "
            "places a run on its model's curve when models are set at equal L0", ".1f",
            group="validation"),
+    Metric("val_gt_l0_spearman", "val ρ(L0, true L0)", "gt_l0_spearman on the validation "
+           "split: what a design is chosen by on data with known features", ".3f",
+           better="higher", group="validation"),
     Metric("n_samples", "test inputs", "test inputs these metrics are computed on", ".0f",
            group="count"),
     Metric("n_units", "units", "code units H", ".0f", group="count"),

@@ -302,7 +302,9 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:
 
     out, sae, training = Path(config.folder.out), config.sae, config.train
     with status("test metrics"):
-        result, codes = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean)
+        truth = getattr(dm, "truth", None)  # data made with known features
+        result, codes = evaluate(model, dm.test_x, dm.train_pca(), dm.train_mean, truth,
+                                 dm.val_x if truth is not None else None)
         validation = read_validation(out / "metrics.csv")
         result.update(**final_validation(validation), **last_epoch_change(validation))
         result.update(wall_time_s=wall, steps=int(trainer.global_step),

@@ -2,7 +2,8 @@
 
 Grouped by job: :mod:`sae.metrics.basic` (reconstruction and sparsity: FVU, L0, dead units),
 :mod:`sae.metrics.dynamic` (does the number of active units adapt to the input, and does that
-pay?) and :mod:`sae.metrics.probes` (linear probes on features). Every name is also importable
+pay?), :mod:`sae.metrics.truth` (scores against known features) and :mod:`sae.metrics.probes`
+(linear probes on features). Every name is also importable
 from ``sae.metrics`` itself.
 """
 
@@ -46,9 +47,12 @@ from sae.metrics.probes import (
     probe_probabilities,
     raw_pixel_baseline,
 )
+from sae.metrics.truth import GROUND_TRUTH_KEYS, FeatureMatch, ground_truth, match_features
 
 __all__ = [
     "DYNAMIC_KEYS",
+    "GROUND_TRUTH_KEYS",
+    "FeatureMatch",
     "DYNAMIC_SUBSET",
     "PCA",
     "PROBE_LOSSES",
@@ -64,12 +68,14 @@ __all__ = [
     "dense_fraction",
     "dynamic_sparsity",
     "firing_frequency",
+    "ground_truth",
     "fvu",
     "ink",
     "input_energy",
     "l0",
     "linear_probe",
     "linear_probes",
+    "match_features",
     "mse",
     "partial_spearman",
     "pca_residual",

@@ -138,9 +138,10 @@ class SparsemaxSAE(SparseAutoencoder):
     gains on the same trained models).
 
     **Support** (``support``; ``auto`` = ``input``). ``input``: each input's scores are
-    projected onto its own simplex, as above, in training and at inference. ``batch``: the whole batch's scores are projected
-    at once, per group, onto {p >= 0, Σ_{i,j} p_ij = B} (``project``), as BatchTopK takes the
-    top k·B of a batch where TopK takes each input's top k:
+    projected onto its own simplex, as above, in training and at inference. ``batch``: the
+    whole batch's scores are projected at once, per group, onto {p >= 0, Σ_{i,j} p_ij = B}
+    (``project``), as BatchTopK takes the top k·B of a batch where TopK takes each input's top
+    k:
 
         p_ij = (s_ij − τ)₊,   Σ_{i,j} (s_ij − τ)₊ = B,   i.e.  p = B · sparsemax(vec(s) / B)
 

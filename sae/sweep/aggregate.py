@@ -49,7 +49,7 @@ RESULT_COLUMNS = [
     "adaptivity_energy",
     # on data with known features (sae.metrics.truth)
     "gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision", "gt_recall",
-    "gt_l0_energy",
+    "gt_l0_energy", "val_gt_l0_spearman",
     # the last validation (what settings are chosen by), and how much validation FVU and L0
     # moved in the last epoch (sae.convergence)
     "val_fvu", "val_l0", "val_fvu_change", "val_l0_change", "converged",
@@ -62,7 +62,8 @@ SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fractio
                    "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
                    "adaptivity", "adaptivity_partial", "adaptivity_energy",
                    "gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision",
-                   "gt_recall", "val_fvu", "val_l0", "wall_time_s", "converged"]
+                   "gt_recall", "gt_l0_energy", "val_gt_l0_spearman", "val_fvu", "val_l0",
+                   "wall_time_s", "converged"]
 
 # probe loss -> (summary metric of its test accuracy, heading in the summary table)
 PROBE_METRICS = {loss: (name, METRIC[name].label) for loss, name in

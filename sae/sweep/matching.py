@@ -53,8 +53,8 @@ HEADLINE_TARGETS: tuple[float, ...] = BAND_TARGETS[:2]
 L0_TOLERANCE = 0.05
 
 # metrics interpolated to a target L0 (linear in log L0 between the two nearest settings)
-GROUND_TRUTH_METRICS = ["gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error",
-                        "gt_precision", "gt_recall"]
+GROUND_TRUTH_METRICS = ["gt_recovery", "gt_mcc", "gt_l0_spearman", "val_gt_l0_spearman",
+                        "gt_l0_energy", "gt_l0_error", "gt_precision", "gt_recall"]
 
 MATCHED_METRICS = ["fvu_at_l0", "fvu", "val_fvu", "support_fvu", "adaptive_gain",
                    "dead_fraction", "adaptivity", "adaptivity_partial", "adaptivity_energy",
