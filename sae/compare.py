@@ -25,6 +25,8 @@ Sweep file (YAML)::
         lambda: [0.01]
     probe_loss: softmax                   # or sparsemax: the probe the verdict judges (optional;
                                           # both probes are fitted and tabled)
+    targets: [5, 10, 20]                  # the mean L0s models are compared at (optional;
+                                          # default 16 and 32, and 64 in the verdict)
 
 Settings are ``sae.run`` flag names without the dashes (``max_steps`` or ``max-steps``; ``lambda``
 for ``--lambda``); ``true``/``false`` turn switches such as ``no_figures`` on or off, ``null`` means

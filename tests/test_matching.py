@@ -146,3 +146,24 @@ def test_dynamic_sparsity_reports_the_energy_baseline_and_the_partial_measure():
     assert out["adaptivity"] == pytest.approx(out["adaptivity_energy"], abs=0.05)
     assert abs(out["adaptivity_partial"]) < 0.15
     assert pd.notna(out["adaptivity_partial"])
+
+
+def test_a_sweep_file_sets_its_own_targets(tmp_path):
+    from sae.cli import UsageError
+    from sae.sweep import spec
+
+    path = tmp_path / "gt.yaml"
+    path.write_text("datasets: [mnist]\nseeds: [0]\ntargets: [20, 5, 10]\n"
+                    "models:\n  topk: {k: [5, 10, 20]}\n")
+    assert spec.load_sweep(path).targets == (5.0, 10.0, 20.0)
+    for bad in ("[]", "[0, 5]", "[1, 2, 3, 4, 5]", "[a]"):
+        path.write_text(f"datasets: [mnist]\nseeds: [0]\ntargets: {bad}\n"
+                        "models:\n  topk: {k: [5]}\n")
+        with pytest.raises(UsageError, match="targets"):
+            spec.load_sweep(path)
+    assert matching.bands([5, 10, 20])[1] == pytest.approx((math.sqrt(50), math.sqrt(200), 10))
+    r = runs([("topk", k, 0, float(k), float(k), 1 / k, 1 / k) for k in (5, 10, 20)])
+    judged = matching.verdict(r, targets=(5.0, 10.0, 20.0))
+    assert list(judged.loc[judged["criterion"] == "FVU at L0", "target"]) == [5.0, 10.0, 20.0]
+    assert list(display.headline_display(r, "mnist", (5.0, 10.0, 20.0))["target"]) == [
+        "5", "10", "20"]

@@ -156,12 +156,13 @@ _HEADLINE_CELLS = {
 }
 
 
-def headline_display(results: pd.DataFrame, dataset: str) -> pd.DataFrame:
+def headline_display(results: pd.DataFrame, dataset: str,
+                     targets: tuple[float, ...] | None = None) -> pd.DataFrame:
     """:func:`headline` of one dataset's runs as text: one row per target L0 and model, with
     the settings interpolated ("from"), the seeds that reach the target, the mean ± std over
     those seeds of each interpolated metric, and ``values lose`` = FVU at L0 − support FVU,
     what the model's values lose against the best values on its own supports."""
-    part = headline(results)
+    part = headline(results, targets)
     part = part[part["dataset"] == dataset].assign(
         values_lose=lambda f: f["fvu_at_l0"] - f["support_fvu"],
         values_lose_std=_NAN)

@@ -36,7 +36,8 @@ from sae.sweep.aggregate import (
 )
 
 __all__ = ["BAND_TARGETS", "CRITERIA", "GROUND_TRUTH_METRICS", "HEADLINE_TARGETS", "L0_BANDS",
-           "L0_TOLERANCE", "MATCHED_METRICS", "at_l0", "choice_l0", "criteria", "headline",
+           "L0_TOLERANCE", "MATCHED_METRICS", "at_l0", "bands", "choice_l0", "criteria",
+           "headline",
            "l0_band", "matched_label", "verdict"]
 
 # L0 bands (lower, upper]: configurations are only compared with others of similar sparsity
@@ -200,8 +201,8 @@ def matched_label(row: Mapping) -> str:
 
 def _band_label(lo: float, hi: float) -> str:
     if lo <= 0:
-        return f"L0 ≤ {hi:g}"
-    return f"L0 > {lo:g}" if math.isinf(hi) else f"{lo:g} < L0 ≤ {hi:g}"
+        return f"L0 ≤ {hi:.3g}"
+    return f"L0 > {lo:.3g}" if math.isinf(hi) else f"{lo:.3g} < L0 ≤ {hi:.3g}"
 
 
 def l0_band(l0: float) -> str | None:
@@ -220,7 +221,19 @@ _VERDICT_COLUMNS = ["dataset", "band", "target", "criterion", "metric", "n_candi
                     "margin", "clear", "excluded"]
 
 
-def verdict(results: pd.DataFrame, probe_loss: str = "softmax") -> pd.DataFrame:
+def bands(targets: Iterable[float] | None = None) -> list[tuple[float, float, float]]:
+    """(lower, upper, target) of each L0 band: :data:`L0_BANDS` with :data:`BAND_TARGETS`, or
+    one band per target of a sweep's own ``targets``, bounded by the geometric means of
+    neighbouring targets."""
+    if targets is None:
+        return [(lo, hi, t) for (lo, hi), t in zip(L0_BANDS, BAND_TARGETS, strict=True)]
+    ts = sorted(float(t) for t in targets)
+    edges = [0.0, *(math.sqrt(a * b) for a, b in zip(ts, ts[1:], strict=False)), math.inf]
+    return [(edges[i], edges[i + 1], t) for i, t in enumerate(ts)]
+
+
+def verdict(results: pd.DataFrame, probe_loss: str = "softmax",
+            targets: Iterable[float] | None = None) -> pd.DataFrame:
     """The best model per dataset, L0 band and criterion, every criterion at equal L0.
 
     For each dataset and each band of :data:`L0_BANDS` holding at least one configuration (by
@@ -233,7 +246,8 @@ def verdict(results: pd.DataFrame, probe_loss: str = "softmax") -> pd.DataFrame:
     the same band only by being less sparse, so no criterion compares settings as they fell.
     Only models with exact zeros compete on FVU at L0; the others are named in ``excluded``. A
     model whose settings do not reach the target on both sides is not compared (nothing is
-    extrapolated). Equal means (a tie, e.g. 0 % dead) all win.
+    extrapolated). Equal means (a tie, e.g. 0 % dead) all win. A sweep's own ``targets``
+    replace the bands by one band per target (:func:`bands`).
 
     Returns:
         One row per (dataset, band, criterion) with candidates: ``target`` (the L0 compared
@@ -253,12 +267,13 @@ def verdict(results: pd.DataFrame, probe_loss: str = "softmax") -> pd.DataFrame:
     place, _ = choice_l0(results)
     config_l0 = results.assign(_place=place).groupby(CONFIG_KEYS, sort=False, dropna=False)[
         "_place"].mean().reset_index()
-    bands = config_l0["_place"].map(l0_band)
-    matched = at_l0(results)
-    labels = [_band_label(lo, hi) for lo, hi in L0_BANDS]
+    chosen = bands(targets)
+    matched = at_l0(results, [t for _, _, t in chosen])
     for dataset in dict.fromkeys(results["dataset"]):
-        for band, target in zip(labels, BAND_TARGETS, strict=True):
-            if not ((config_l0["dataset"] == dataset) & (bands == band)).any():
+        for lo, hi, target in chosen:
+            band = _band_label(lo, hi)
+            inside = (config_l0["_place"] <= hi) & ((config_l0["_place"] > lo) | (lo <= 0))
+            if not ((config_l0["dataset"] == dataset) & inside).any():
                 continue
             at = matched[(matched["dataset"] == dataset) & (matched["target"] == target)]
             for criterion, (metric, better, _) in criteria(probe_loss).items():
@@ -316,7 +331,7 @@ def _matched_name(row: Mapping, target: float) -> str:
     return f"{row['model']} at L0 {at} ({matched_label(row)})"
 
 
-def headline(results: pd.DataFrame) -> pd.DataFrame:
-    """Every model at the L0s of :data:`HEADLINE_TARGETS` (16 and 32 active units):
-    :func:`at_l0` at those targets, the one-table answer the README quotes."""
-    return at_l0(results, HEADLINE_TARGETS)
+def headline(results: pd.DataFrame, targets: Iterable[float] | None = None) -> pd.DataFrame:
+    """Every model at the L0s of :data:`HEADLINE_TARGETS` (16 and 32 active units), or at a
+    sweep's own ``targets``: :func:`at_l0` there, the one-table answer the README quotes."""
+    return at_l0(results, HEADLINE_TARGETS if targets is None else targets)

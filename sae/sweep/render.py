@@ -64,8 +64,9 @@ def legend() -> str:
             + ". Bold: the best in its L0 band (see the verdict).")
 
 
-_VERDICT_NOTE = ("Every criterion is compared at the same L0 for every model (16, 32 or 64 "
-                 "active units, the band's target), interpolated per seed on each model's own "
+_VERDICT_NOTE = ("Every criterion is compared at the same L0 for every model (the band's "
+                 "target: 16, 32 or 64 active units unless the sweep file sets its own "
+                 "targets), interpolated per seed on each model's own "
                  "curve (linear in log L0 between the two settings that bracket the target, or "
                  "a setting within 5 % of the target, whose own L0 is named), the runs placed "
                  "by their validation L0 and scored on the test set: outcomes first (FVU at L0, "
@@ -78,7 +79,7 @@ _VERDICT_NOTE = ("Every criterion is compared at the same L0 for every model (16
                  "std\": the margin to the runner-up is no larger than the seed spread.")
 
 
-_HEADLINE_NOTE = ("Every model at the same mean L0 (target: 16 and 32 active units): for each "
+_HEADLINE_NOTE = ("Every model at the same mean L0 (the targets): for each "
                   "seed, its runs are placed by their validation L0 and the two settings that "
                   "bracket the target are interpolated (\"from\"; linear in log L0), or the "
                   "one setting within 5 % of it is taken as it is; cells are the mean ± std over "
@@ -334,7 +335,7 @@ def comparison_markdown(sweep: Sweep, results, raw: dict[str, dict[str, float]],
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
     summary = summarize_seeds(results)
     matched = match_kl(summary)
-    judged = verdict(results, sweep.probe_loss)
+    judged = verdict(results, sweep.probe_loss, sweep.targets)
     parts = [f"# Comparison: {sweep.path.name}", ""]
     if sweep.description:
         parts += [sweep.description.strip(), ""]
@@ -348,7 +349,7 @@ def comparison_markdown(sweep: Sweep, results, raw: dict[str, dict[str, float]],
                   to_markdown(verdict_display(judged, dataset)), ""]
         parts += [f"- {line}" for line in findings(summary, judged, dataset)] + [""]
         parts += [f"### {dataset}: headline", "", headline_note(results), "",
-                  to_markdown(headline_display(results, dataset)), ""]
+                  to_markdown(headline_display(results, dataset, sweep.targets)), ""]
         parts += [f"### {dataset}: every configuration", "",
                   to_markdown(summary_display(summary, dataset, raw.get(dataset)),
                               best_cells(summary, dataset, judged)), ""]
@@ -384,7 +385,7 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
     summary = summarize_seeds(results)
     matched = match_kl(summary)
-    judged = verdict(results, sweep.probe_loss)
+    judged = verdict(results, sweep.probe_loss, sweep.targets)
     sections = []
     for dataset in _datasets(sweep, summary):
         kl = kl_display(matched, dataset)
@@ -396,7 +397,7 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
                     pages.fragment("<li>{}</li>", line) for line in lines)) if lines else "",
                 pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Headline",
                                headline_note(results)),
-                to_html(headline_display(results, dataset)),
+                to_html(headline_display(results, dataset, sweep.targets)),
                 pages.fragment("<h3>{}</h3>", "Every configuration"),
                 to_html(summary_display(summary, dataset, raw.get(dataset)),
                         best_cells(summary, dataset, judged), wide=True),

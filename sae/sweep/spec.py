@@ -22,7 +22,7 @@ from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES, RunConfig
 __all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
            "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
 
-TOP_KEYS = ("description", "datasets", "seeds", "common", "models", "probe_loss")
+TOP_KEYS = ("description", "datasets", "seeds", "common", "models", "probe_loss", "targets")
 RUNNER_KEYS = {"out", "resume", "overwrite", "config"}  # the runner sets these
 STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets these
 # A sweep run writes no figures, feature browser or report while the sweep trains: for short runs
@@ -63,6 +63,8 @@ class Sweep:
     common: dict
     models: tuple[ModelEntry, ...]
     probe_loss: str = "softmax"  # the probe the verdict and probe plot judge (both are tabled)
+    # the mean L0s at which models are compared (headline and verdict); None: 16, 32 (and 64)
+    targets: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -209,8 +211,15 @@ def load_sweep(path: str | Path) -> Sweep:
     if probe_loss not in PROBE_LOSSES:
         raise UsageError(f"{path}: `probe_loss` must be one of {', '.join(PROBE_LOSSES)}, "
                          f"not {shown(probe_loss)}")
+    targets = data.get("targets")
+    if targets is not None:
+        targets = _grid(targets, f"{path}: `targets`")
+        if not 1 <= len(targets) <= 4 or min(targets) <= 0:
+            raise UsageError(f"{path}: `targets` must be 1 to 4 positive mean L0s, e.g. "
+                             "targets: [5, 10, 20]")
+        targets = tuple(sorted(float(t) for t in targets))
     return Sweep(path, text, str(data.get("description") or ""), datasets, seeds, common,
-                 entries, probe_loss)
+                 entries, probe_loss, targets)
 
 
 def _data_name(path: str) -> str:
