@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from sae import figures, metrics
 from sae import io as sae_io
-from sae.config import FIXED_BUDGET
+from sae.variants import variant
 
 
 def write_png(rgb: np.ndarray, path: Path) -> None:
@@ -388,8 +388,9 @@ def _tensorboards(trainer) -> list[TensorBoardLogger]:
 
 def run_label(config, dataset: str | None = None) -> str:
     """'mnist · sparsemax λ=0.01 · 512 units': what a run's figure shows, for its title."""
-    setting = f"k={config.k}" if config.model in FIXED_BUDGET else f"λ={config.lam:g}"
-    parts = [dataset, f"{config.model} {setting}", f"{config.hidden} units"]
+    setting = {"fixed": f" k={config.k}", "penalty": f" λ={config.lam:g}"}.get(
+        variant(config.model).budget, "")
+    parts = [dataset, f"{config.model}{setting}", f"{config.hidden} units"]
     return " · ".join(p for p in parts if p)
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from sae.config import (
     FIXED_BUDGET,
+    NO_BUDGET,
     SECTIONS,
     RunConfig,
     RunFolderConfig,
@@ -34,6 +35,7 @@ from sae.config import (
 from sae.io import write_text
 from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
+from sae.variants import uses_lambda
 
 __all__ = ["LAUNCHER_ENV", "SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser",
            "check_fields", "check_mapping", "check_model", "check_run", "config_file_dict",
@@ -390,12 +392,13 @@ def unused_flags(argv: list[str], config: RunConfig) -> list[str]:
     data = config.data.data
     notes = [f"note: --dataset is ignored: the run trains on --data {data}"] \
         if "dataset" in explicit and data else []
-    if "lam" in explicit and fixed:
-        notes.append(f"note: --lambda is ignored by --model {sae.model}: its sparsity is --k "
-                     f"{sae.k}")
+    own = sae.model in NO_BUDGET
+    if "lam" in explicit and not uses_lambda(sae.model, vars(sae)):
+        notes.append(f"note: --lambda is ignored by --model {sae.model}: its sparsity is "
+                     + ("its own (no λ or k)" if own else f"--k {sae.k}"))
     if "k" in explicit and not fixed:
-        notes.append(f"note: --k is ignored by --model {sae.model}: its sparsity is --lambda "
-                     f"{sae.lam:g}")
+        notes.append(f"note: --k is ignored by --model {sae.model}: its sparsity is "
+                     + ("its own (no λ or k)" if own else f"--lambda {sae.lam:g}"))
     return notes
 
 

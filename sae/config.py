@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from sae.setting import check_fields, setting
-from sae.variants import AUTO_DEFAULTS, FIXED_BUDGET, MODELS, models_using, variant
+from sae.variants import AUTO_DEFAULTS, FIXED_BUDGET, MODELS, NO_BUDGET, models_using, variant
 
 __all__ = [
-    "DATASETS", "DEAD_GUARDS", "FIXED_BUDGET", "MODELS", "PRECISIONS", "PROBE_LOSSES", "SECTIONS",
+    "DATASETS", "DEAD_GUARDS", "FIXED_BUDGET", "MODELS", "NO_BUDGET", "PRECISIONS",
+    "PROBE_LOSSES", "SECTIONS",
     "DataConfig",
     "HardwareConfig", "OutputConfig", "RunConfig", "RunFolderConfig", "SAEConfig", "TrainConfig",
     "setting",
@@ -119,6 +120,30 @@ class SAEConfig:
                            "inference; its auto temperature is global",
                            choices=("auto", "input", "batch"))
     groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
+    jumprelu_threshold: str = setting("unit", "jumprelu: a learned threshold per unit (unit), or "
+                                      "one shared by every unit (shared: a shared threshold "
+                                      "at inference, as BatchTopK's)",
+                                      choices=("unit", "shared"))
+    jumprelu_gain: str = setting("none", "jumprelu: values a (none), or r(x)·a with a learned "
+                                 "per-input gain r(x) = softplus(w·(x − b_dec) + c) (input, the "
+                                 "Sparsemax-SAE's)", choices=("none", "input"))
+    batchtopk_gate: str = setting("none", "batchtopk: no gradient outside the kept entries "
+                                  "(none), or the straight-through gate of the Sparsemax-SAE's "
+                                  "batch support, with its L0 price λ/10 per active unit (ste)",
+                                  choices=("none", "ste"))
+    attention_factors: str = setting("concepts", "sparsemax-attention: concepts, encoder C·K "
+                                     "and decoder C·V sharing the concepts C (as published); "
+                                     "full, two free [H, D] matrices",
+                                     choices=("concepts", "full"))
+    attention_rank: int = setting(0, "sparsemax-attention: the concepts' dimension r (C is "
+                                  "[H, r], K and V [r, D]); 0 = the input's dimension D, as "
+                                  "published", low=0)
+    attention_input: str = setting("unit", "sparsemax-attention: scores read x / ‖x‖ and the "
+                                   "code is scaled back by ‖x‖ (unit, as published), or x "
+                                   "itself (raw)", choices=("unit", "raw"))
+    frequency_mask: float = setting(0.1, "sparsemax-attention: a unit whose running firing "
+                                    "frequency exceeds this is masked out (0.1 as published; "
+                                    "0 = off)", low=0, high=1)
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
     mlp_width: int = setting(512, "mlp: width W of the hidden layers", low=1)
@@ -170,8 +195,8 @@ class SAEConfig:
     def resolved_dead_guard(self) -> str:
         if self.dead_guard != "auto":
             return self.dead_guard
-        if self.arch != "linear":
-            return "none"
+        if self.arch != "linear" or variant(self.model).budget == "none":
+            return "none"  # a model without a penalty has nothing a resampling would trade
         return "auxk" if self.model in FIXED_BUDGET else "resample"
 
     def resolved_values(self) -> str:
@@ -246,10 +271,17 @@ class SAEConfig:
              "--dead-guard auxk applies to --model topk and batchtopk")
         need(guard == "none" or self.arch == "linear",
              f"--dead-guard {guard} needs --arch linear (use none with mlp)")
-        for name in ("values", "temperature", "support"):
+        none = self.model in MODELS and variant(self.model).budget == "none"
+        need(not none or guard == "none",
+             f"--model {self.model} has no dead-unit remedy of its own: --dead-guard none")
+        need(not none or self.arch == "linear", f"--model {self.model} needs --arch linear")
+        for name in ("values", "temperature", "support", "jumprelu_threshold", "jumprelu_gain",
+                     "batchtopk_gate", "attention_factors", "attention_rank", "attention_input",
+                     "frequency_mask"):
             value, models = getattr(self, name), models_using(name)
-            need(value in ("auto", AUTO_DEFAULTS[name]) or self.model in models,
-                 f"--{name} {value} applies to --model {' and '.join(models)}")
+            need(value in ("auto", AUTO_DEFAULTS.get(name), _DEFAULTS.get(name))
+                 or self.model in models,
+                 f"--{name.replace('_', '-')} {value} applies to --model {' and '.join(models)}")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
         energy = self.model == "sparsemax" and self.resolved_temperature() == "energy"
@@ -266,6 +298,9 @@ class SAEConfig:
              "--support batch has one temperature per group: leave --temperature auto (global)")
         need(not batch or self.inference in ("auto", "sparsemax"),
              "--support batch infers with its batch threshold: leave --inference auto")
+
+
+_DEFAULTS = {f.name: f.default for f in fields(SAEConfig)}
 
 
 @dataclass

@@ -7,7 +7,6 @@ Used by a run at its end (:mod:`sae.training`) and by a sweep's analysis of fini
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from sae import metrics
@@ -18,11 +17,10 @@ __all__ = ["dynamic_measures", "evaluate", "ground_truth_measures", "linear_deco
 
 def linear_decoder(model: SparseAutoencoder) -> tuple[Tensor, Tensor] | None:
     """(atoms W [D, H], offset b [D]) with x̂ = W h + b, or None for a non-linear decoder."""
-    if model.config.arch != "linear":
+    decoder = model.linear_decoder()
+    if decoder is None:
         return None
-    with torch.no_grad():
-        return ((model.W_dec * model.code_scale).detach().float().cpu(),
-                model.b_dec.detach().float().cpu())
+    return decoder[0].float().cpu(), decoder[1].float().cpu()
 
 
 def dynamic_measures(model: SparseAutoencoder, x_test: Tensor, codes: Tensor,

@@ -193,7 +193,8 @@ def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
             fvu_at_l0 = m.get("fvu_at_l0")
             if isinstance(fvu_at_l0, bool) or not isinstance(fvu_at_l0, int | float):
                 fvu_at_l0 = float("nan")
-            setting = f"k = {k}" if model in FIXED_BUDGET else f"λ = {m['lam']:g}"
+            setting = f"k = {k}" if model in FIXED_BUDGET else f"λ = {m['lam']:g}"  # (its models
+            # all have a λ or a k)
             rows.append([dataset, model, setting, f"{m['mse']:.4f}", f"{m['fvu']:.3f}",
                          f"{fvu_at_l0:.3f}", f"{m['l0_mean']:.1f} ± {m['l0_std']:.1f}",
                          f"{100 * m['dead_fraction']:.1f}", f"{100 * m['dense_fraction']:.1f}",

@@ -34,7 +34,7 @@ from sae.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.io import read_bytes, read_text, write_text
 from sae.metric_defs import METRICS
 from sae.process import EXIT_USAGE, STOPS, interrupted, interruptible
-from sae.variants import VARIANTS, Variant, models_using
+from sae.variants import VARIANTS, Variant, models_using, uses_lambda
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
            "latest_figures", "main", "relevant_settings", "render_report", "write_report"]
@@ -253,12 +253,14 @@ def _config_value(value: object) -> str:
 # --------------------------------------------------------------------------- page sections
 
 
-def _applies(key: str, v: Variant) -> bool:
-    """Whether config.yaml key ``key`` matters for variant ``v`` (``sae.variants``): λ for a
-    penalty, k and AuxK's aux_k for a fixed budget, a model-specific setting for its models."""
+def _applies(key: str, v: Variant, config: dict[str, object]) -> bool:
+    """Whether config.yaml key ``key`` matters for variant ``v`` (``sae.variants``) in a run of
+    settings ``config``: λ where it weighs a term, k and AuxK's aux_k for a fixed budget, a
+    model-specific setting for its models."""
     name = BY_KEY[key].name if key in BY_KEY else key
     if name == "lam":
-        return v.budget == "penalty"
+        return uses_lambda(v.name, {BY_KEY[k].name if k in BY_KEY else k: value
+                                    for k, value in config.items()})
     if name in ("k", "aux_k"):
         return v.budget == "fixed"
     return not models_using(name) or name in v.settings
@@ -271,7 +273,7 @@ def relevant_settings(config: dict[str, object]) -> dict[str, object]:
     model = config.get("model")
     keep = {}
     for key, value in config.items():
-        if model in VARIANTS and not _applies(key, VARIANTS[model]):
+        if model in VARIANTS and not _applies(key, VARIANTS[model], config):
             continue
         if key == "mlp_width" and config.get("arch", "linear") != "mlp":
             continue

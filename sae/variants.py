@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["FIXED_BUDGET", "MODELS", "VARIANTS", "Variant", "models_using", "register",
-           "variant"]
+__all__ = ["BUDGETS", "FIXED_BUDGET", "MODELS", "NO_BUDGET", "VARIANTS", "Variant",
+           "models_using", "register", "uses_lambda", "variant"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class Variant:
 
     ``cls`` is the ``SparseAutoencoder`` subclass, or ``"module:Class"``, which
     ``sae.models.model_class`` imports when a model is first built (this module stays free of
-    torch). ``budget``: ``"penalty"`` (λ weighs a sparsity penalty) or ``"fixed"`` (k sets
-    the (mean) L0; λ is not used; its dead units are remedied by AuxK). ``settings``: the
+    torch). ``budget``: ``"penalty"`` (λ weighs a sparsity penalty), ``"fixed"`` (k sets
+    the (mean) L0; λ is not used; its dead units are remedied by AuxK) or ``"none"`` (neither:
+    the model's L0 is its own, λ and k are not used). ``settings``: the
     model-specific settings (field names) that apply to this variant. ``auto``: what an ``auto``
     setting resolves to for it (``values``, ``temperature``, ``init``, ``inference``,
     ``support``), where that differs from the common default (:data:`AUTO_DEFAULTS`).
@@ -43,8 +44,8 @@ class Variant:
     auto: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.budget not in ("penalty", "fixed"):
-            raise ValueError(f"variant {self.name}: budget must be penalty or fixed, "
+        if self.budget not in BUDGETS:
+            raise ValueError(f"variant {self.name}: budget must be one of {BUDGETS}, "
                              f"not {self.budget!r}")
         unknown = set(self.auto) - set(AUTO_DEFAULTS)
         if unknown:
@@ -62,6 +63,8 @@ class Variant:
             meant = AUTO_DEPENDS[name](meant, value, settings)
         return meant
 
+
+BUDGETS = ("penalty", "fixed", "none")  # what sets a variant's sparsity: λ, k, or nothing
 
 # what an ``auto`` setting resolves to unless a variant says otherwise
 AUTO_DEFAULTS = {"values": "shrunk", "temperature": "global", "init": "random",
@@ -105,6 +108,17 @@ def variant(name: str) -> Variant:
     return VARIANTS[name]
 
 
+# a fixed-budget model whose λ still weighs a term when a setting asks for one
+_LAMBDA_WHEN = {"batchtopk": lambda settings: settings.get("batchtopk_gate") == "ste"}
+
+
+def uses_lambda(model: str, settings: Mapping[str, object]) -> bool:
+    """Whether λ weighs a term of ``model`` with these settings (field names): every penalty
+    model; BatchTopK with the straight-through gate, whose L0 price λ sets."""
+    v = variant(model)
+    return v.budget == "penalty" or _LAMBDA_WHEN.get(model, lambda s: False)(settings)
+
+
 def models_using(setting: str) -> tuple[str, ...]:
     """The models a model-specific setting applies to (empty: not model-specific)."""
     return tuple(n for n, v in VARIANTS.items() if setting in v.settings)
@@ -138,6 +152,7 @@ class _Names(Sequence):
 
 MODELS: Sequence[str] = _Names()
 FIXED_BUDGET: Sequence[str] = _Names(lambda v: v.budget == "fixed")
+NO_BUDGET: Sequence[str] = _Names(lambda v: v.budget == "none")
 
 _SUPPORT_MAP = ("temperature", "groups")  # the sparsemax family's support-map settings
 register(Variant("l1", "sae.models.l1:L1SAE"))
@@ -149,6 +164,10 @@ register(Variant("sparsemax", "sae.models.sparsemax:SparsemaxSAE",
 register(Variant("entmax", "sae.models.sparsemax:EntmaxSAE",
                  settings=("alpha", "alpha_mode", *_SUPPORT_MAP), auto={"init": "data"}))
 register(Variant("topk", "sae.models.topk:TopKSAE", budget="fixed"))
-register(Variant("batchtopk", "sae.models.batchtopk:BatchTopKSAE", budget="fixed"))
+register(Variant("batchtopk", "sae.models.batchtopk:BatchTopKSAE", budget="fixed",
+                 settings=("batchtopk_gate",)))
 register(Variant("jumprelu", "sae.models.jumprelu:JumpReLUSAE",
-                 settings=("jumprelu_bandwidth",)))
+                 settings=("jumprelu_bandwidth", "jumprelu_threshold", "jumprelu_gain")))
+register(Variant("sparsemax-attention", "sae.models.attention:AttentionSAE", budget="none",
+                 settings=("attention_factors", "attention_rank", "attention_input",
+                           "frequency_mask")))

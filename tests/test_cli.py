@@ -23,7 +23,8 @@ def test_help_shows_defaults(tmp_path, data_dir):
     assert result.returncode == 0
     assert "--lambda" in result.stdout and "(default: 0.01)" in result.stdout
     assert "--resume" in result.stdout and "--devices" in result.stdout
-    assert "--model {l1,kl,sparsemax,entmax,topk,batchtopk,jumprelu}" in result.stdout
+    assert "--model {l1,kl,sparsemax,entmax,topk,batchtopk,jumprelu,sparsemax-attention}" \
+        in " ".join(result.stdout.split())
     assert "(default: None)" not in result.stdout and "(default: False)" not in result.stdout
 
 

@@ -127,7 +127,7 @@ def write_features(run_dir: Path, model, dm, test_codes=None, max_inputs: int | 
     linear = model.config.arch == "linear" and inputs.pixels
     stats = feature_stats(codes, labels, rows, model.atoms().cpu().numpy(),
                           model.fire_threshold, n_classes=len(class_names),
-                          encoder=model.W_enc.detach().cpu().numpy() if linear else None,
+                          encoder=model.encoder_rows().detach().cpu().numpy() if linear else None,
                           centre=model.b_dec.detach().cpu().numpy() if linear else None)
     if inputs.has_labels:  # no probe without labels (the page says so)
         train_codes = encode_codes(model, dm.train_x[:PROBE_TRAIN_INPUTS])

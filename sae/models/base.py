@@ -119,6 +119,17 @@ class SparseAutoencoder(L.LightningModule):
         extras["a"] = a
         return self.decode(h), h, extras
 
+    def linear_decoder(self) -> tuple[Tensor, Tensor] | None:
+        """(atoms W [D, H], offset b [D]) with x̂ = W h + b, detached, or None for a
+        non-linear decoder: what the least-squares and ground-truth measures read."""
+        if self.config.arch != "linear":
+            return None
+        return (self.W_dec * self.code_scale).detach(), self.b_dec.detach()
+
+    def encoder_rows(self) -> Tensor:
+        """The rows [H, D] the pre-activations read the (centred) input with (linear)."""
+        return self.W_enc
+
     def atoms(self) -> Tensor:
         """What each unit draws, [D, H]: decoder columns (linear) or decode(s·e_j) − decode(0)."""
         if self.config.arch == "linear":

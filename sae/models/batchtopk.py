@@ -4,7 +4,9 @@ one learned threshold at inference; AuxK keeps units alive."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from sae.models.gates import support_gate
 from sae.models.topk import TopKSAE
 from sae.thresholds import batch_topk, threshold_code, update_running_threshold
 
@@ -18,9 +20,18 @@ class BatchTopKSAE(TopKSAE):
     training batch kept, averaged over DDP ranks; it is a buffer, saved in the checkpoint. In
     eval mode (validation, test, ``encode``) the code of an input never depends on its batch.
     No penalty: k sets the mean L0. AuxK as for TopK.
+
+    ``batchtopk_gate: ste`` trains it as the Sparsemax-SAE's batch support trains, but for the
+    rule that picks the batch's threshold: the kept entries are ReLU(a_j) · H(u_j), u_j =
+    a_j − θ_B the margin over the batch's cut θ_B (the smallest kept value), with the step's
+    straight-through pseudo-derivative (``sae.models.gates``, a rectangle of width ε, the mean
+    margin of the kept entries), so units just below the cut learn whether entering would pay,
+    and the penalty is L0 through the same gate at λ / ``GATE_PRICE`` per active unit (as the
+    batch support's). k still sets the mean L0.
     """
 
     THRESHOLD_RATE = 0.01
+    GATE_PRICE = 10.0  # as the Sparsemax-SAE's unshrunk-ste: λ / 10 per active unit
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -34,4 +45,15 @@ class BatchTopKSAE(TopKSAE):
         if torch.is_grad_enabled():  # a training step (not a resampling pass)
             update_running_threshold(self.threshold, self.threshold_batches, smallest,
                                      self.THRESHOLD_RATE)
-        return h, {}
+        if self.config.batchtopk_gate != "ste":
+            return h, {}
+        on = h > 0
+        margin = a - smallest
+        eps = (margin * on).sum() / on.sum().clamp_min(1)  # the kept entries' mean margin
+        gate = support_gate(margin, on, eps.clamp_min(torch.finfo(a.dtype).tiny))
+        return F.relu(a) * gate, {"gate": gate}
+
+    def penalty(self, h, extras):
+        if "gate" in extras:  # L0 through the gate, as the batch support prices it
+            return extras["gate"].sum(-1).mean() / self.GATE_PRICE
+        return h.new_zeros(())

@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from sae.activations import softplus_inverse
 from sae.config import SAEConfig
 from sae.models.base import SparseAutoencoder
 from sae.thresholds import jumprelu, step_l0
@@ -23,6 +25,13 @@ class JumpReLUSAE(SparseAutoencoder):
     and ε = ``jumprelu_bandwidth`` · sqrt(v / D) (the paper's ε = 0.001 by default). The 1/8 makes
     λ/8 the price of one active unit in FVU, which puts λ = 0.01 near the other models' default
     L0 on MNIST with 512 units.
+
+    Two settings take it towards the Sparsemax-SAE's batch support, to tell what that design
+    owes to sparsemax: ``jumprelu_threshold: shared`` learns one θ for every unit (at
+    inference the batch support is one threshold on the pre-activations too), and
+    ``jumprelu_gain: input`` multiplies the code by a learned per-input gain
+    r(x) = softplus(w · (x − b_dec) + c), w from 0 and r = 1 at the start (the batch support's
+    values carry the same factor): h_j = r(x) · a_j · H(a_j − θ).
     """
 
     THETA0 = 1.0  # about 1 in 6 random-direction units active at the start
@@ -36,8 +45,12 @@ class JumpReLUSAE(SparseAutoencoder):
                  init_inputs=None):
         super().__init__(config, mean_image, data_var, init_inputs)
         self.unit = math.sqrt(data_var / config.input_dim)
-        self.log_threshold = nn.Parameter(
-            torch.full((config.hidden,), math.log(self.THETA0 * self.unit)))
+        n = 1 if config.jumprelu_threshold == "shared" else config.hidden
+        self.log_threshold = nn.Parameter(torch.full((n,), math.log(self.THETA0 * self.unit)))
+        if config.jumprelu_gain == "input":
+            self.gain_head = nn.Linear(config.input_dim, 1)
+            nn.init.zeros_(self.gain_head.weight)
+            nn.init.constant_(self.gain_head.bias, softplus_inverse(1.0))
 
     def param_groups(self) -> list[dict]:
         rest = [p for name, p in self.named_parameters() if name != "log_threshold"]
@@ -46,13 +59,16 @@ class JumpReLUSAE(SparseAutoencoder):
                  "lr": self.config.lr * self.THRESHOLD_LR_SCALE}]
 
     def thresholds(self) -> torch.Tensor:
-        """θ [H]."""
+        """θ [H], or [1] when shared."""
         return self.log_threshold.exp()
 
     def code(self, a, x_centred):
         theta = self.thresholds()
         eps = self.config.jumprelu_bandwidth * self.unit
-        return jumprelu(a, theta, eps), {"fires": step_l0(a, theta, eps)}
+        h = jumprelu(a, theta, eps)
+        if hasattr(self, "gain_head"):
+            h = h * F.softplus(self.gain_head(x_centred))
+        return h, {"fires": step_l0(a, theta, eps)}
 
     def penalty(self, h, extras):
         return extras["fires"].sum(-1).mean() / self.PENALTY_SCALE

@@ -167,7 +167,9 @@ def exact_zeros(summary: pd.DataFrame) -> pd.Series:
 
 
 def config_label(param: str, value: float) -> str:
-    """'λ = 0.01' or 'k = 32'."""
+    """'λ = 0.01' or 'k = 32' ('own L0' for a model with neither)."""
+    if param == "none":
+        return "own L0"
     return f"{'λ' if param == 'lambda' else param} = {value:g}"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sae.cli import UsageError, check_mapping, load_yaml, run_config, shown, to_argv
 from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES, RunConfig
+from sae.variants import NO_BUDGET
 
 __all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
            "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
@@ -32,13 +33,14 @@ RUN_PAGES_OFF = {"no_figures": True, "no_features": True, "no_report": True}
 
 
 def grid_key(kind: str) -> str:
-    """What a model's grid sweeps: k for topk and batchtopk (no penalty), λ for the others."""
-    return "k" if kind in FIXED_BUDGET else "lambda"
+    """What a model's grid sweeps: k for topk and batchtopk (no penalty), nothing ("none") for
+    a model whose L0 is its own, λ for the others."""
+    return "k" if kind in FIXED_BUDGET else "none" if kind in NO_BUDGET else "lambda"
 
 
-def _grid_dest(kind: str) -> str:
-    """The sae.run parser dest of a model's grid key."""
-    return "lam" if grid_key(kind) == "lambda" else "k"
+def _grid_dest(kind: str) -> str | None:
+    """The sae.run parser dest of a model's grid key (None: it has none)."""
+    return {"lambda": "lam", "k": "k"}.get(grid_key(kind))
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,11 @@ def _model_entry(name: object, entry: object, path: Path) -> ModelEntry:
         raise UsageError(f"{where}: unknown model {shown(kind)}; choose from {', '.join(MODELS)} "
                          "(or give `model:`)")
     key = _grid_dest(kind)
+    if key is None:
+        if any(isinstance(settings.get(k), list) for k in ("lam", "k")):
+            raise UsageError(f"{where}: {kind} has no λ or k to sweep (its L0 is its own): "
+                             "give no grid")
+        return ModelEntry(name, kind, None, settings)
     other = {"lam": "k", "k": "lam"}[key]
     if isinstance(settings.get(other), list):
         raise UsageError(f"{where}: {kind} sweeps {grid_key(kind)}, so "
@@ -254,8 +261,8 @@ def plan(sweep: Sweep) -> list[Run]:
                         raise UsageError(f"{where}: {e}") from None
                     param = grid_key(entry.kind)
                     runs.append(Run(dataset, entry.name, entry.kind, param,
-                                    config.sae.lam if param == "lambda" else config.sae.k, seed,
-                                    argv, config))
+                                    {"lambda": config.sae.lam, "k": config.sae.k}.get(param, 0),
+                                    seed, argv, config))
     paths = [r.rel for r in runs]
     if len(set(paths)) != len(paths):
         raise UsageError(f"{sweep.path}: two combinations share a run folder")
