@@ -111,6 +111,18 @@ MODEL_STYLES: dict[str, tuple[str, str]] = {
     "jumprelu": ("#9467bd", "X"),
 }
 
+# the variants the published comparisons show, each a look of its own that no hash can bring
+# near another's (colour, marker, line style)
+NAMED_STYLES: dict[str, tuple[str, str, object]] = {
+    "sparsemax-attention": ("#e377c2", "*", "-"),
+    "sparsemax-batch": ("#8c564b", "s", "--"),
+    "sparsemax-normalized": ("#ff9896", "d", ":"),
+    "sparsemax-global": ("#7b0f12", "p", "-."),
+    "jumprelu-shared": ("#c5b0d5", "h", "--"),
+    "jumprelu-shared-gain": ("#4b2a75", "8", "-."),
+    "batchtopk-ste": ("#0b6e78", "H", "--"),
+}
+
 # a variant of a kind (a sweep entry named 'sparsemax-learned'): its kind's hue made lighter or
 # darker, with its own marker and line style, each picked from these by a hash of its name
 _VARIANT_SHADES = (-0.3, -0.24, -0.18, -0.12, -0.06, 0.06, 0.12, 0.18, 0.24, 0.3)
@@ -129,10 +141,14 @@ def model_style(name: str, kind: str | None = None) -> dict[str, object]:
     before its first ``-`` (``sparsemax-learned`` -> ``sparsemax``). A model named as its kind
     gets the kind's style of :data:`MODEL_STYLES` with a solid line; any other name (a variant)
     gets its kind's hue shaded lighter or darker, another marker and a broken line, chosen by a
-    stable hash of the name (CRC-32, the same in every process). An unknown kind gets a colour
-    of its own, also by hash.
+    stable hash of the name (CRC-32, the same in every process), except the variants of
+    :data:`NAMED_STYLES`, which the published comparisons show and which each have a look of
+    their own. An unknown kind gets a colour of its own, also by hash.
     """
     name = str(name)
+    if name in NAMED_STYLES:
+        colour, marker, ls = NAMED_STYLES[name]
+        return {"color": colour, "marker": marker, "ls": ls}
     if kind is None or str(kind) not in MODEL_STYLES:
         kind = name if name in MODEL_STYLES else name.split("-")[0]
     kind = str(kind)

@@ -117,8 +117,9 @@ def findings(summary, judged, dataset: str) -> list[str]:
 
     Written from :func:`sae.sweep.matching.verdict` (``judged``) and the seed means of
     ``summary``: which model wins FVU at L0 in how many bands (and why a model without exact
-    zeros is out of it), the best probe and the fewest dead units per band, each with its margin
-    when it is within the seed spread.
+    zeros is out of it), then per band the best on every other criterion that was judged
+    (adaptive gain; on data with known features, recovery and L0 tracking; probe; dead
+    units), each with its margin when it is within the seed spread.
     """
     from sae.sweep.aggregate import exact_zeros
     from sae.sweep.display import format_criterion
@@ -149,7 +150,12 @@ def findings(summary, judged, dataset: str) -> list[str]:
                    f"{_span(list(loose['fvu_mean']), '.3f')} looks best, but reconstructing from "
                    f"only the units its L0 counts gives "
                    f"{_span(list(loose['fvu_at_l0_mean']), '.3f')}.")
-    for criterion, verb in (("probe accuracy", "Best probe accuracy"),
+    for criterion, verb in (("adaptive gain", "Largest adaptive gain (what letting L0 vary "
+                                              "per input pays, on least-squares values)"),
+                            ("feature recovery", "Most true features recovered"),
+                            ("L0 tracks true L0", "L0 closest in rank to each input's true "
+                                                  "number of features"),
+                            ("probe accuracy", "Best probe accuracy"),
                             ("dead units", "Fewest dead units")):
         sub = part[part["criterion"] == criterion]
         if sub.empty:
