@@ -88,14 +88,14 @@ METRICS: tuple[Metric, ...] = (
            "input's L0 and its ink (the sum of its pixels)", ".2f", group="sweep"),
     Metric("gt_recovery", "recovered %", "share of the true features whose best-aligned "
            "decoder atom has cosine above 0.9", ".1f", 100.0, better="higher", group="truth"),
-    Metric("gt_mcc", "MCC", "mean |cosine| of true features and decoder atoms matched one to "
-           "one (Hungarian assignment of the largest total): 1 when every true feature has an "
-           "atom of its own", ".3f", better="higher", group="truth"),
+    Metric("gt_mcc", "MCC", "mean absolute cosine of true features and decoder atoms matched "
+           "one to one (Hungarian assignment of the largest total): 1 when every true feature has "
+           "an atom of its own", ".3f", better="higher", group="truth"),
     Metric("gt_l0_spearman", "ρ(L0, true L0)", "Spearman correlation over test inputs between "
            "an input's L0 and its true number of active features", ".3f", better="higher",
            group="truth"),
-    Metric("gt_l0_error", "L0 error %", "mean over test inputs of |L0 − true L0| / true L0",
-           ".1f", 100.0, better="lower", group="truth"),
+    Metric("gt_l0_error", "L0 error %", "mean over test inputs of the absolute difference of "
+           "L0 and true L0, relative to true L0", ".1f", 100.0, better="lower", group="truth"),
     Metric("gt_precision", "precision %", "per test input, the share of its firing units whose "
            "matched true feature (the MCC's assignment) is active in it, a unit matched to none "
            "counting as wrong; mean over inputs with a firing unit", ".1f", 100.0,
