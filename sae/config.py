@@ -209,7 +209,7 @@ class SAEConfig:
         """``auto``: the energy temperature for the Sparsemax-SAE's per-input support (a
         configuration saved with ``auto`` before that became the default: the normalized one,
         ``SAVED_AUTO``), the global one for its batch support (a per-input temperature would
-        divide away the scale its shared threshold reads) and for entmax (see the README)."""
+        divide away the scale its shared threshold reads) and for entmax (see docs/models.md)."""
         return self._resolved("temperature")
 
     def resolved_inference(self) -> str:
@@ -217,7 +217,7 @@ class SAEConfig:
         input's own support, or with the batch support its running batch threshold. (A
         threshold on a model trained with per-input supports, once the default, follows input
         difficulty more at 512 units but loses most of the reconstruction at 4 096; see the
-        README.) A configuration saved before the setting existed: its own support
+        documentation.) A configuration saved before the setting existed: its own support
         (``SAVED_BEFORE``). Runs save the rule they used, so a run trained with the threshold
         default keeps it."""
         return self._resolved("inference")
@@ -323,7 +323,7 @@ class DataConfig:
     dataset: str = setting("mnist", "image dataset (when no --data is given)", choices=DATASETS)
     data: str | None = setting(None, "activations to train on instead of images: an (N, D) "
                                ".npy matrix or a .json manifest of splits, labels and how to "
-                               "show each row (see README, \"Your own activations\")",
+                               "show each row (see docs/own-data.md)",
                                nullable=True)
     data_dir: str | None = setting(None, "folder with the IDX files (default: $SAE_DATA_DIR, "
                                    "torchvision's cache, then download)", nullable=True)

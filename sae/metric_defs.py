@@ -3,8 +3,9 @@ format and which direction is better, declared once.
 
 The report's definitions (:mod:`sae.report`), the sweep tables' columns, headings and formats and
 the verdict's directions (:mod:`sae.sweep.display`, :mod:`sae.sweep.matching`), the line
-``python -m sae.run`` prints at the end and the README's metric tables (checked by a test) are all
-read from :data:`METRICS`. The functions that compute them live in :mod:`sae.metrics`. No torch.
+``python -m sae.run`` prints at the end and the metric tables of docs/metrics.md (checked by a
+test) are all read from :data:`METRICS`. The functions that compute them live in
+:mod:`sae.metrics`. No torch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["METRIC", "METRICS", "Metric", "markdown_table", "summary_line"]
 class Metric:
     name: str  # the key in metrics.json / analysis.json and the column in results.csv
     label: str  # the heading of its column in the sweep tables
-    definition: str  # what it measures, as the report and the README state it
+    definition: str  # what it measures, as the report and the documentation state it
     fmt: str = ".4f"  # number format in tables (of the value times ``scale``)
     scale: float = 1.0  # 100 for a fraction shown in percent
     unit: str = ""
@@ -65,7 +66,7 @@ METRICS: tuple[Metric, ...] = (
            "principal components of the training set (m = round(mean L0), recorded as "
            "adaptivity_m)",
            ".2f", better="higher"),
-    Metric("adaptivity_partial", "adaptivity | energy", "partial Spearman correlation between "
+    Metric("adaptivity_partial", "partial adaptivity", "partial Spearman correlation between "
            "an input's L0 and its difficulty (as adaptivity) with the input's energy ‖x − x̄‖² "
            "held fixed: what L0 follows of the difficulty beyond what the energy predicts (any "
            "shared threshold follows the energy for free)", ".2f", better="higher"),
@@ -137,7 +138,8 @@ def summary_line(result: dict) -> str:
 
 
 def markdown_table(group: str) -> str:
-    """The README's table of the metrics of ``group``: name, definition, which way is better."""
+    """The documentation's table of the metrics of ``group``: name, definition, which way is
+    better."""
     rows = [f"| `{m.name}` | {m.definition} | {m.better or '–'} |" for m in METRICS
             if m.group == group]
     return "\n".join(["| metric | definition | better |", "|---|---|---|", *rows])

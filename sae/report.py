@@ -95,7 +95,7 @@ _KIND_TEXT = {
 }
 
 # Metric name (last path component, so "test/fvu" matches too) -> definition shown in the table
-# (sae.metric_defs, whence the README's metric tables too)
+# (sae.metric_defs, whence the documentation's metric tables too)
 _METRIC_NOTES = {m.name: m.definition for m in METRICS}
 
 # metrics.json entries that describe the run rather than measure it: shown as "Run", apart

@@ -15,8 +15,8 @@ initialisation, 500 iterations; the default 1 000 doubles the time for a barely 
 picture). The figure is drawn at the end of every run, so its cost is kept to a few seconds:
 1 000 codes (a hundred per class, enough to see whether classes form islands) and a coarser
 Barnes-Hut approximation (``angle`` 0.8 instead of 0.5) cost about a third of 2 000 codes at the
-default angle (README, "The terminal"). scikit-learn's OpenMP threads are limited to one: its
-runtime and PyTorch's each start a thread per core, and on a busy 2-core machine their
+default angle (docs/running.md, "The terminal"). scikit-learn's OpenMP threads are limited to
+one: its runtime and PyTorch's each start a thread per core, and on a busy 2-core machine their
 spin-waiting made t-SNE several times slower. The codes' and the pixels' embeddings run side by
 side in two threads instead (scikit-learn's Barnes-Hut gradient releases the GIL), so on two cores
 the comparison costs no more time than the codes alone.

@@ -379,7 +379,7 @@ def linear_probes(
     iterations. The default ``tol``, 1e-4 on the gradient of the *mean* loss (the convention of
     scikit-learn's L-BFGS logistic regression), stops where the test accuracy has settled: a
     tighter one costs several times the iterations and moves it by a few test inputs at most
-    (the README gives the measurements). The gradient is written out (p − one-hot in the
+    (docs/metrics.md gives the measurements). The gradient is written out (p − one-hot in the
     logits, for either loss) rather than taken by autograd. Standardisation is folded into the
     weights (z W + b = x (W/σ) + b − (μ/σ) W), so no
     standardised copy of the features is made and sparse codes stay sparse: when at most
@@ -396,7 +396,7 @@ def linear_probes(
     the one-loss call ``linear_probe(..., loss=loss)`` with the same arguments.
 
     The defaults (weight_decay 1e-3) put the raw-pixel baseline close to the published
-    accuracies of multinomial logistic regression on both datasets (quoted in the README).
+    accuracies of multinomial logistic regression on both datasets (quoted in docs/metrics.md).
     The raw-pixel baseline (``raw_pixel_baseline``, an alias of ``linear_probe``) is the same
     fit on pixels::
 

@@ -37,7 +37,7 @@ class SparsemaxSAE(SparseAutoencoder):
 
     ``--model sparsemax`` defaults (``auto``) to each input's own support (the projection of
     its own scores, at inference as in training: what the name promises) with ``unshrunk-ste``
-    values and the energy temperature (the README says how the design was chosen);
+    values and the energy temperature (docs/results.md says how the design was chosen);
     ``EntmaxSAE`` keeps the global temperature and shrunk values.
 
     **Temperature** (``temperature``), with a learned T_g = exp(log T_g) per group in every mode:
@@ -64,7 +64,7 @@ class SparsemaxSAE(SparseAutoencoder):
       normalized support sees only the shape of the scores, so its L0 follows the input's
       energy only as far as that shape does; a fixed threshold's (BatchTopK's, JumpReLU's) L0
       also grows with the scores' scale. With γ > 0 the support grows with the energy through
-      the temperature, and training sets γ (the README gives what it chose, and what a fixed
+      the temperature, and training sets γ (docs/models.md gives what it chose, and what a fixed
       larger γ trades). The power sizes the support only: unshrunk values stay
       r·ReLU(a / (T_g σ_g(a))), the normalized temperature's (``value_scores``). Had it divided
       the values too, γ would also have learned their scale, which r already carries, and
@@ -84,7 +84,7 @@ class SparsemaxSAE(SparseAutoencoder):
     weigh small entries more (order 0 is L0 itself). Orders 2 (the participation ratio 1/Σ p²)
     and 1 (the exponential of the entropy) could be lowered by piling mass onto one always-on
     unit while many tiny entries joined the support, and L0 kept rising late in training (the
-    README gives the runs' numbers). Its gradient, proportional to 1/sqrt(p_j), pushes small
+    docs/models.md gives the runs' numbers). Its gradient, proportional to 1/sqrt(p_j), pushes small
     entries out of the support.
 
     **Values on the support** (``values``). ``shrunk``: h = r·p as above, every active value
@@ -134,7 +134,7 @@ class SparsemaxSAE(SparseAutoencoder):
     input with larger values more units. At 512 units the threshold's inputs follow their
     difficulty more closely at about the same FVU; at 4 096 units it admits units just outside
     an input's support with values they were never trained to carry there, and loses much of
-    the reconstruction, so it is not the default (the README gives what each rule costs and
+    the reconstruction, so it is not the default (docs/history.md gives what each rule costs and
     gains on the same trained models).
 
     **Support** (``support``; ``auto`` = ``input``). ``input``: each input's scores are
@@ -161,7 +161,7 @@ class SparsemaxSAE(SparseAutoencoder):
     Sparsemax units compete for the support, so a unit whose direction matches no input never
     enters it and never gets a gradient. ``init: auto`` therefore starts the decoder columns
     (and, tied, the encoder rows) at centred training images for this model (far fewer dead
-    units; the README gives the numbers), and resampled units are admitted into the support on
+    units; docs/models.md gives the numbers), and resampled units are admitted into the support on
     their source input (``after_resample``).
     """
 
@@ -178,7 +178,7 @@ class SparsemaxSAE(SparseAutoencoder):
     GATE_PRICE = 10.0  # unshrunk-ste's penalty: λ / GATE_PRICE per active unit
     # Adam moves log T by about lr a step at most: at the base lr, T (what sizes the support
     # with unshrunk-ste or the normalized temperature) moved too slowly for λ to reach the L0 it
-    # sets within a short run (the README gives the numbers); JumpReLU's thresholds learn 10x
+    # sets within a short run (docs/models.md gives the numbers); JumpReLU's thresholds learn 10x
     # faster too
     TEMPERATURE_LR_SCALE = 10.0
     THRESHOLD_RATE = 0.01  # inference threshold: the running mean's rate, BatchTopK's

@@ -94,13 +94,15 @@ def _converged(mean: float, n_seeds: int) -> str:
 
 
 # the summary table's metric columns, in order (those of OPTIONAL_COLUMNS only where a row has
-# a value: the ground truth exists only for data whose features are known)
+# a value: the ground truth exists only for data whose features are known, probes only for
+# labelled data)
 SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "val_fvu", "l0_mean", "l0_std", "val_l0",
                    "dead_fraction", "dense_fraction", "probe_accuracy",
                    "probe_sparsemax_accuracy", "probe_sparsemax_classes", "recon_bias",
                    "support_fvu", "adaptive_gain", "adaptivity", "adaptivity_partial",
                    "adaptivity_energy", *GROUND_TRUTH_METRICS, "wall_time_s")
-OPTIONAL_COLUMNS = frozenset(GROUND_TRUTH_METRICS)
+OPTIONAL_COLUMNS = frozenset([*GROUND_TRUTH_METRICS, "probe_accuracy", "probe_sparsemax_accuracy",
+                              "probe_sparsemax_classes", "l0_ink_corr"])  # no labels: no probes
 # heading, format, scale and unit of each are the metric's own (sae.metric_defs):
 # column heading -> (metric, number format, scale, unit)
 _SUMMARY_CELLS = {METRIC[name].label: (name, METRIC[name].fmt, METRIC[name].scale,
@@ -211,13 +213,14 @@ def to_markdown(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()) -
     (row position, column heading) bold."""
     heads = [str(c) for c in table.columns]
     body = [[str(v).replace("|", "\\|") for v in row] for row in table.itertuples(index=False)]
+    shown = [h.replace("|", "\\|") for h in heads]
     numeric = [bool(body) and all(_is_number_text(r[i]) or r[i] == "–" for r in body)
                for i in range(len(heads))]
     for r, row in enumerate(body):
         for i, head in enumerate(heads):
             if (r, head) in best:
                 row[i] = f"**{row[i]}**"
-    lines = ["| " + " | ".join(heads) + " |",
+    lines = ["| " + " | ".join(shown) + " |",
              "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     return "\n".join(lines)

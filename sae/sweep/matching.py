@@ -15,7 +15,7 @@ instead, and the choice is made on validation data while only test metrics are r
   judged at the band's target L0 (:data:`BAND_TARGETS`) on those curves; only models with
   exact zeros compete on FVU at L0, since a KL-SAE's FVU at its stated L0 is not the FVU it
   reports;
-- :func:`headline` is every model at L0 16 and 32, the one-table answer the README quotes.
+- :func:`headline` is every model at L0 16 and 32, the one-table answer the results quote.
 """
 
 from __future__ import annotations
@@ -333,5 +333,5 @@ def _matched_name(row: Mapping, target: float) -> str:
 
 def headline(results: pd.DataFrame, targets: Iterable[float] | None = None) -> pd.DataFrame:
     """Every model at the L0s of :data:`HEADLINE_TARGETS` (16 and 32 active units), or at a
-    sweep's own ``targets``: :func:`at_l0` there, the one-table answer the README quotes."""
+    sweep's own ``targets``: :func:`at_l0` there, the one-table answer the results quote."""
     return at_l0(results, HEADLINE_TARGETS if targets is None else targets)

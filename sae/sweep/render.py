@@ -87,7 +87,7 @@ _HEADLINE_NOTE = ("Every model at the same mean L0 (the targets): for each "
                   "the validation split's) and L0 the test L0 the row stands for. A model whose "
                   "settings do not reach an L0 has no row there. Values lose: FVU at L0 − "
                   "support FVU, what the model's values lose against the best values on its own "
-                  "supports. Adaptivity | energy: the adaptivity with the input's energy held "
+                  "supports. Partial adaptivity: the adaptivity with the input's energy held "
                   "fixed; energy baseline: what an L0 ranked by energy alone scores on "
                   "adaptivity.")
 
