@@ -167,3 +167,17 @@ def test_a_sweep_file_sets_its_own_targets(tmp_path):
     assert list(judged.loc[judged["criterion"] == "FVU at L0", "target"]) == [5.0, 10.0, 20.0]
     assert list(display.headline_display(r, "mnist", (5.0, 10.0, 20.0))["target"]) == [
         "5", "10", "20"]
+
+
+def test_one_table_across_comparisons():
+    a = runs([("topk", 16, 0, 16.0, 16.0, 0.2, 0.2), ("topk", 16, 1, 16.0, 16.0, 0.4, 0.4),
+              ("l1", 0.1, 0, 40.0, 40.0, 0.1, 0.1)])
+    b = runs([("l1", 0.1, 0, 10.0, 10.0, 0.5, 0.5), ("l1", 0.01, 0, 20.0, 20.0, 0.3, 0.3)])
+    table = display.across_display([("A at 16", a, "mnist", 16.0, "fvu_at_l0"),
+                                    ("B at 16", b, "mnist", 16.0, "fvu_at_l0")])
+    assert list(table.columns) == ["model", "A at 16", "B at 16"]
+    rows = table.set_index("model")
+    assert rows.loc["topk", "A at 16"] == "0.3000 ± 0.1414"  # mean ± std over seeds
+    assert rows.loc["topk", "B at 16"] == "–" and rows.loc["l1", "A at 16"] == "–"
+    w = math.log(16 / 10) / math.log(2)
+    assert rows.loc["l1", "B at 16"] == f"{0.5 + w * (0.3 - 0.5):.4f}"

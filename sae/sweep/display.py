@@ -247,3 +247,29 @@ def _cell_class(_: int, text: str) -> str | None:
 
 
 _SETTING = re.compile(r"(\S{1,40} )?(λ|k) = \S{1,20}")
+
+
+def across_display(columns: list[tuple[str, pd.DataFrame, str, float, str]]) -> pd.DataFrame:
+    """One table across comparisons: a row per model, a column per (comparison, target L0,
+    metric), each cell the model's mean ± std over seeds there (:func:`sae.sweep.matching.at_l0`,
+    placed by validation L0), '–' where it does not reach the target.
+
+    Args:
+        columns: ``(heading, results, dataset, target, metric)`` per column: the runs of one
+            comparison (its results.csv), the dataset in it, the target L0 and the metric.
+    """
+    from sae.sweep.matching import at_l0
+
+    cells: dict[str, dict[str, str]] = {}
+    for heading, results, dataset, target, metric in columns:
+        matched = at_l0(results[results["dataset"] == dataset], [target])
+        m = METRIC[metric]
+        for _, row in matched.iterrows():
+            cells.setdefault(row["model"], {})[heading] = _pm(
+                row[metric], row[f"{metric}_std"], m.fmt, m.scale, m.unit)
+        for model in dict.fromkeys(results.loc[results["dataset"] == dataset, "model"]):
+            cells.setdefault(model, {})
+    heads = [c[0] for c in columns]
+    rows = [{"model": model, **{h: got.get(h, "–") for h in heads}} for model, got in
+            cells.items()]
+    return pd.DataFrame(rows, columns=["model", *heads])
