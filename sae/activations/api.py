@@ -119,7 +119,8 @@ def entmax_alpha(x: Tensor, alpha: float | Tensor, dim: int = -1, groups: int = 
             path; other values and tensors are solved to machine precision and renormalised.
             Tensor entries <= 1 or non-finite are treated like bad data: those rows are NaN,
             nothing raises; :class:`EntmaxAlpha` keeps alpha above 1 by construction.
-        dim, groups: as for :func:`sparsemax`.
+        dim: as for :func:`sparsemax`.
+        groups: as for :func:`sparsemax`.
     """
     if not isinstance(alpha, Tensor):
         alpha = float(alpha)
@@ -177,7 +178,8 @@ class EntmaxAlpha(nn.Module):
     Args:
         alpha: initial (or fixed) alpha, > 1.001 when learnable, > 1 otherwise.
         learnable: make alpha a parameter (``alpha_raw``, i.e. :math:`\theta`).
-        dim, groups: as for :func:`sparsemax`.
+        dim: as for :func:`sparsemax`.
+        groups: as for :func:`sparsemax`.
     """
 
     def __init__(

@@ -1,0 +1,27 @@
+"""The documentation site builds without a warning (mkdocs --strict: every page in the navigation,
+every anchor it links, every docstring of the API reference parsed)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
+                    reason="mkdocs is not installed (pip install -e '.[docs]')")
+def test_the_site_builds_strictly(tmp_path):
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pages = {p.parent.name for p in (tmp_path / "site").glob("*/index.html")}
+    assert {"models", "metrics", "results", "api", "running"} <= pages
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    assert "partial_spearman" in api and "match_features" in api
