@@ -31,7 +31,7 @@ from sae.config import (
     pin_auto,
     saved_auto,
 )
-from sae.io import write_text
+from sae.io import UnsafePathError, read_bytes, write_text
 from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
 
@@ -249,15 +249,19 @@ def load_yaml(path: str | Path, what: str):
     """The YAML document in ``path`` (safe: no tags that build objects; no repeated keys;
     bounded in size, nesting and alias expansion)."""
     path = Path(path)
-    try:
-        if path.is_dir():
-            raise UsageError(f"{what} {path} is a folder, not a file")
-        if not path.is_file():
-            raise UsageError(f"{what} {path} does not exist")
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_YAML_BYTES + 1)
+    try:  # a regular file only (a FIFO would block, a device never end), bounded
+        text = read_bytes(path, MAX_YAML_BYTES, follow_links=True).decode("utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} does not exist") from None
     except UnicodeDecodeError:
         raise UsageError(f"{what} {path} is not UTF-8 text") from None
+    except UnsafePathError as e:
+        if "folder" in str(e):
+            raise UsageError(f"{what} {path} is a folder, not a file") from None
+        if "larger than" in str(e):
+            raise UsageError(f"{what} {path} is refused: it is larger than "
+                             f"{MAX_YAML_BYTES:,} bytes") from None
+        raise UsageError(f"{what} {e}") from None
     except OSError as e:
         raise UsageError(f"{what} {path} cannot be read ({e.strerror or e})") from None
     return parse_yaml(text, f"{what} {path}")
@@ -427,12 +431,31 @@ def run_config(argv: list[str]) -> RunConfig:
     return config
 
 
+# tensor elements a checkpoint may hold in all (sae.checkpoints.MAX_ELEMENTS, which imports
+# torch): a model whose weights and Adam moments (three values a weight) exceed it could train
+# but never be resumed, and one far beyond it fails only once its memory is asked for
+MAX_CHECKPOINT_ELEMENTS = 2**29
+
+
 def check_model(sae: SAEConfig) -> None:
-    """The model's values (:meth:`sae.config.SAEConfig.validate`) as a :class:`UsageError`."""
+    """The model's values (:meth:`sae.config.SAEConfig.validate`) as a :class:`UsageError`, and
+    its size: refused from ``--hidden`` (and the data's width) before anything is allocated."""
     try:
         sae.validate()
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # the weights as sae.checkpoints counts them, with Adam's two moments beside each
+    width = sae.input_dim if sae.arch == "linear" else sae.mlp_width
+    values = 3 * 2 * width * (sae.hidden + sae.input_dim)
+    if values > MAX_CHECKPOINT_ELEMENTS:
+        most = MAX_CHECKPOINT_ELEMENTS // (6 * width) - sae.input_dim
+        what = f"--hidden {sae.hidden}" + (f" with --mlp-width {sae.mlp_width}"
+                                           if sae.arch != "linear" else "")
+        rows = f" on rows of {sae.input_dim} numbers" if sae.input_dim != 784 else ""
+        hint = f"at most --hidden {most:,}" if most >= 1 else "a narrower model"
+        raise UsageError(f"{what}{rows} makes a model of about {values // 3:.3g} weights; with "
+                         f"its optimizer state that is {values:.3g} values, more than the "
+                         f"{MAX_CHECKPOINT_ELEMENTS:,} a checkpoint holds: use {hint}")
 
 
 def check_run(config: RunConfig) -> None:
