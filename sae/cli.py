@@ -472,7 +472,7 @@ def check_run(config: RunConfig) -> None:
     if folder.resume == "last":
         last = Path(folder.out) / "checkpoints" / "last.ckpt"
         if not last.is_file():
-            raise UsageError(f"cannot resume: no checkpoint at {last}")
+            raise UsageError(f"cannot resume: no checkpoint at {last}{_start_again(folder.out)}")
     if hardware.num_nodes > 1 and not any(os.environ.get(name) for name in LAUNCHER_ENV):
         raise UsageError(f"--num-nodes {hardware.num_nodes} needs a launcher that starts the run "
                          f"on every machine (torchrun, SLURM; none of {', '.join(LAUNCHER_ENV)} "
@@ -486,6 +486,22 @@ def check_run(config: RunConfig) -> None:
         if value in NEEDS_PACKAGE and find_spec(NEEDS_PACKAGE[value]) is None:
             raise UsageError(f"{flag} {value} needs the {NEEDS_PACKAGE[value]} package, which "
                              "is not installed")
+
+
+def _start_again(out: str | Path) -> str:
+    """For a run folder of a start stopped before its first checkpoint (kill -9): how to start
+    it again with its own settings (``--config`` its config.yaml, ``--overwrite``)."""
+    import shlex
+    import sys
+
+    from sae.runfolder import stopped_start
+
+    out = Path(out)
+    if not stopped_start(out):
+        return ""
+    again = shlex.join([sys.executable, "-m", "sae.run", "--config", str(out / "config.yaml"),
+                        "--out", str(out), "--overwrite"])
+    return f" (the run was stopped before its first checkpoint); start it again with: {again}"
 
 
 def write_config(config: RunConfig, path: Path) -> None:

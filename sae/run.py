@@ -123,7 +123,8 @@ def _import_training() -> None:
     import sae.training  # noqa: F401
 
 
-def _start(config: RunConfig, record: dict | None, out: Path, primary: bool) -> bool:
+def _start(config: RunConfig, record: dict | None, out: Path, primary: bool,
+           argv: list[str]) -> bool:
     """Claim the run folder and write its settings (and ``record``, the data's, when given);
     returns whether the folder was made now.
     A failure undoes what it made and raises (UsageError, OSError)."""
@@ -134,7 +135,10 @@ def _start(config: RunConfig, record: dict | None, out: Path, primary: bool) -> 
 
     folder = config.folder
     mode = "resume" if folder.resume is not None else "overwrite" if folder.overwrite else "new"
-    created = runfolder.claim(out, mode)
+    # a start stopped by kill -9 is started again by the same command with --overwrite
+    again = shlex.join([sys.executable, "-m", "sae.run", *argv,
+                        *([] if "--out" in argv else ["--out", str(out)]), "--overwrite"])
+    created = runfolder.claim(out, mode, again)
     if folder.resume is None:
         try:
             write_config(config, out / "config.yaml")
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     resuming = config.folder.resume is not None
     try:
         with _signals_held():
-            created = _start(config, record, out, primary)
+            created = _start(config, record, out, primary, argv)
             claimed = True
             if primary:  # within a second of the command: torch is not imported yet
                 print(f"run folder: {out}" + (" (resuming)" if resuming else ""), flush=True)
