@@ -281,3 +281,24 @@ def test_a_variance_beyond_float32_is_diagnosed_as_overflow(good, capsys):
     # found once the folder is claimed (the variance is computed there): the start is undone
     refused_by_run(good, good / "wide.npy", capsys, "variance", "numeric overflow",
                    strict=False)
+
+
+def test_a_crafted_test_l0_cache_is_recomputed_not_allocated(tmp_path):
+    from numpy.lib import format as npy
+
+    from sae.sweep import analysis
+
+    with open(tmp_path / "test_l0.npy", "wb") as f:
+        npy.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False,
+                                       "shape": (2**40,)})
+    # a ValueError, which analysis_is_current takes as "recompute"
+    with no_warnings_and_no_hang(), pytest.raises(ValueError, match="at most 67,108,864"):
+        analysis._load_l0(tmp_path)
+
+
+def test_an_idx_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    from sae.data import DataSourceError, read_idx
+
+    os.mkfifo(tmp_path / "train-images-idx3-ubyte")
+    with no_warnings_and_no_hang(), pytest.raises(DataSourceError, match="not a regular file"):
+        read_idx(tmp_path / "train-images-idx3-ubyte")
