@@ -53,6 +53,7 @@ MANIFEST_LIMIT = 1 << 20  # bytes: a manifest names files; it holds no data
 TEXT_LIMIT = 1 << 30  # bytes: one line per row
 TEXT_ROW_LIMIT = 64 << 10  # bytes of text per row, on average, at most
 MAX_CLASSES = 1000  # classes a run's figures, probes and pages hold
+MAX_NAME = 200  # characters of the data's name and of each class name (titles, tables, pages)
 F32_MAX = float(np.finfo(np.float32).max)  # training reads every row as float32
 SCAN_BYTES = 64 << 20  # rows read at a time when scanning a matrix for NaN or inf
 
@@ -261,7 +262,7 @@ def manifest_name(path: str | Path) -> str | None:
     from sae.io import read_text
 
     try:
-        spec = json.loads(read_text(Path(path).expanduser(), limit=MANIFEST_LIMIT))
+        spec = json.loads(read_text(Path(path).expanduser(), MANIFEST_LIMIT, follow_links=True))
     except (OSError, ValueError, RecursionError):
         return None
     name = spec.get("name") if isinstance(spec, dict) else None
@@ -272,7 +273,7 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
     from sae.io import read_text
 
     try:
-        spec = json.loads(read_text(path, limit=MANIFEST_LIMIT))
+        spec = json.loads(read_text(path, MANIFEST_LIMIT, follow_links=True))
     except FileNotFoundError:
         raise MatrixError(f"{path} does not exist") from None
     except (OSError, ValueError) as e:
@@ -345,12 +346,17 @@ def load_data(path: str | Path, check_finite: bool = True,
 
 
 def _check_classes(data: MatrixData) -> None:
-    """Refuse more classes than a run holds (:data:`MAX_CLASSES`) or than training rows: the
-    class figures, probes and pages are sized by them."""
+    """Refuse more classes than a run holds (:data:`MAX_CLASSES`) or than training rows, and
+    names longer than :data:`MAX_NAME`: the class figures, probes and pages are sized by them."""
     names = data.class_names
     if names is not None and len(names) > MAX_CLASSES:
         raise MatrixError(f"{data.source}: \"class_names\" holds {len(names):,} names; at most "
                           f"{MAX_CLASSES:,} classes")
+    given = [data.name] if data.source is None or data.name != data.source.stem else []
+    longest = max([*given, *(names or [])], key=len, default="")
+    if len(longest) > MAX_NAME:
+        raise MatrixError(f"{data.source}: a name of {len(longest):,} characters "
+                          f"({longest[:40]!r}...); at most {MAX_NAME}")
     classes, rows = data.n_classes, len(data.train.x)
     if classes is not None and classes > rows:
         what = "class names" if names is not None else f"classes (labels up to {classes - 1})"

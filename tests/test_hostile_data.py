@@ -302,3 +302,22 @@ def test_an_idx_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "train-images-idx3-ubyte")
     with no_warnings_and_no_hang(), pytest.raises(DataSourceError, match="not a regular file"):
         read_idx(tmp_path / "train-images-idx3-ubyte")
+
+
+@pytest.mark.parametrize("where", ["name", "class_names"])
+def test_a_name_of_a_million_characters_is_refused(good, capsys, where):
+    spec = {"format": matrix.FORMAT, "train": {"x": "good.npy", "labels": "labels.npy"},
+            "name": "toy", "class_names": ["a", "b", "c"]}
+    if where == "name":
+        spec["name"] = "n" * 1_000_000
+    else:
+        spec["class_names"][1] = "c" * 1_000_000
+    (good / "m.json").write_text(json.dumps(spec))
+    line = refused_by_run(good, good / "m.json", capsys, "1,000,000 characters", "at most 200")
+    assert len(line) < 400
+
+
+def test_a_manifest_the_user_linked_is_followed(good):
+    real = manifest(good, "real.json", labels="labels.npy")
+    (good / "link.json").symlink_to(real)
+    assert load_data(good / "link.json").n_classes == 3
