@@ -451,9 +451,9 @@ def render_report(run_dir: Path, resume_command: str | None = None) -> str:
     changed = _changed_data(run_dir, config)
     if changed:
         intro.append(pages.fragment(
-            "<p><strong>The data changed since training:</strong> {}. Metrics and figures "
-            "here are of the data the run was trained on; pages built from the files now "
-            "(the feature browser) would show other inputs.</p>", changed))
+            "<p><strong>Not the data it was trained on:</strong> {}. The metrics and figures "
+            "here are of the data the run was trained on; pages built from the files as they "
+            "are now (the feature browser) would show other inputs, or none.</p>", changed))
     if resume_command is not None:
         status = "interrupted"
         intro.append(pages.fragment(
@@ -540,8 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                     and (args.run / "checkpoints" / "last.ckpt").is_file()):
                 changed = _changed_data(args.run, _read_config(args.run / "config.yaml")[0])
                 if changed:  # drawn from these files, the figures would show other data
-                    print(f"note: no figures drawn: the data changed since training: "
-                          f"{changed}", file=sys.stderr)
+                    print(f"note: no figures drawn: {changed}", file=sys.stderr)
                 else:
                     # torch and Lightning: a stop mid-import ends the command at once
                     with importing(interrupted if running_as("sae.report") else None):

@@ -243,13 +243,13 @@ def test_pages_of_a_run_whose_data_changed_refuse_or_say_so(data_run, capsys):
         assert not (data_run / "features.html").exists()
         assert report([str(data_run)]) == 0
         err = capsys.readouterr().err
-        assert "no figures drawn: the data changed since training" in err
+        assert "no figures drawn: its train matrix" in err and "has changed since" in err
         page = (data_run / "report.html").read_text()
-        assert "The data changed since training" in page and "has changed since" in page
+        assert "Not the data it was trained on" in page and "has changed since" in page
     finally:
         source.write_bytes(original)
     assert report([str(data_run), "--no-figures"]) == 0
-    assert "The data changed" not in (data_run / "report.html").read_text()
+    assert "Not the data it was trained on" not in (data_run / "report.html").read_text()
 
 
 def test_a_recorded_data_path_that_is_now_a_fifo_is_said_not_read(data_run, tmp_path, capsys):
