@@ -32,7 +32,7 @@ from sae.config import (
     pin_auto,
     saved_auto,
 )
-from sae.io import write_text
+from sae.io import UnsafePathError, read_bytes, write_text
 from sae.process import RUN_DIR_ENV
 from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
 from sae.variants import uses_lambda
@@ -251,15 +251,19 @@ def load_yaml(path: str | Path, what: str):
     """The YAML document in ``path`` (safe: no tags that build objects; no repeated keys;
     bounded in size, nesting and alias expansion)."""
     path = Path(path)
-    try:
-        if path.is_dir():
-            raise UsageError(f"{what} {path} is a folder, not a file")
-        if not path.is_file():
-            raise UsageError(f"{what} {path} does not exist")
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_YAML_BYTES + 1)
+    try:  # a regular file only (a FIFO would block, a device never end), bounded
+        text = read_bytes(path, MAX_YAML_BYTES, follow_links=True).decode("utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} does not exist") from None
     except UnicodeDecodeError:
         raise UsageError(f"{what} {path} is not UTF-8 text") from None
+    except UnsafePathError as e:
+        if "folder" in str(e):
+            raise UsageError(f"{what} {path} is a folder, not a file") from None
+        if "larger than" in str(e):
+            raise UsageError(f"{what} {path} is refused: it is larger than "
+                             f"{MAX_YAML_BYTES:,} bytes") from None
+        raise UsageError(f"{what} {e}") from None
     except OSError as e:
         raise UsageError(f"{what} {path} cannot be read ({e.strerror or e})") from None
     return parse_yaml(text, f"{what} {path}")
@@ -430,12 +434,31 @@ def run_config(argv: list[str]) -> RunConfig:
     return config
 
 
+# tensor elements a checkpoint may hold in all (sae.checkpoints.MAX_ELEMENTS, which imports
+# torch): a model whose weights and Adam moments (three values a weight) exceed it could train
+# but never be resumed, and one far beyond it fails only once its memory is asked for
+MAX_CHECKPOINT_ELEMENTS = 2**29
+
+
 def check_model(sae: SAEConfig) -> None:
-    """The model's values (:meth:`sae.config.SAEConfig.validate`) as a :class:`UsageError`."""
+    """The model's values (:meth:`sae.config.SAEConfig.validate`) as a :class:`UsageError`, and
+    its size: refused from ``--hidden`` (and the data's width) before anything is allocated."""
     try:
         sae.validate()
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # the weights as sae.checkpoints counts them, with Adam's two moments beside each
+    width = sae.input_dim if sae.arch == "linear" else sae.mlp_width
+    values = 3 * 2 * width * (sae.hidden + sae.input_dim)
+    if values > MAX_CHECKPOINT_ELEMENTS:
+        most = MAX_CHECKPOINT_ELEMENTS // (6 * width) - sae.input_dim
+        what = f"--hidden {sae.hidden}" + (f" with --mlp-width {sae.mlp_width}"
+                                           if sae.arch != "linear" else "")
+        rows = f" on rows of {sae.input_dim} numbers" if sae.input_dim != 784 else ""
+        hint = f"at most --hidden {most:,}" if most >= 1 else "a narrower model"
+        raise UsageError(f"{what}{rows} makes a model of about {values // 3:.3g} weights; with "
+                         f"its optimizer state that is {values:.3g} values, more than the "
+                         f"{MAX_CHECKPOINT_ELEMENTS:,} a checkpoint holds: use {hint}")
 
 
 def check_run(config: RunConfig) -> None:
@@ -452,7 +475,7 @@ def check_run(config: RunConfig) -> None:
     if folder.resume == "last":
         last = Path(folder.out) / "checkpoints" / "last.ckpt"
         if not last.is_file():
-            raise UsageError(f"cannot resume: no checkpoint at {last}")
+            raise UsageError(f"cannot resume: no checkpoint at {last}{_start_again(folder.out)}")
     if hardware.num_nodes > 1 and not any(os.environ.get(name) for name in LAUNCHER_ENV):
         raise UsageError(f"--num-nodes {hardware.num_nodes} needs a launcher that starts the run "
                          f"on every machine (torchrun, SLURM; none of {', '.join(LAUNCHER_ENV)} "
@@ -466,6 +489,22 @@ def check_run(config: RunConfig) -> None:
         if value in NEEDS_PACKAGE and find_spec(NEEDS_PACKAGE[value]) is None:
             raise UsageError(f"{flag} {value} needs the {NEEDS_PACKAGE[value]} package, which "
                              "is not installed")
+
+
+def _start_again(out: str | Path) -> str:
+    """For a run folder of a start stopped before its first checkpoint (kill -9): how to start
+    it again with its own settings (``--config`` its config.yaml, ``--overwrite``)."""
+    import shlex
+    import sys
+
+    from sae.runfolder import stopped_start
+
+    out = Path(out)
+    if not stopped_start(out):
+        return ""
+    again = shlex.join([sys.executable, "-m", "sae.run", "--config", str(out / "config.yaml"),
+                        "--out", str(out), "--overwrite"])
+    return f" (the run was stopped before its first checkpoint); start it again with: {again}"
 
 
 def write_config(config: RunConfig, path: Path) -> None:

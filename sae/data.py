@@ -53,11 +53,13 @@ class DataSourceError(RuntimeError):
 def read_idx(path: Path) -> np.ndarray:
     """Read one IDX file (``.gz`` or raw) into an array, checking its header against its size
     and reading at most :data:`MAX_IDX_BYTES` (a small ``.gz`` can unpack to any size)."""
+    from sae.io import open_regular
+
     path = Path(path)
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as f:
-            raw = f.read(MAX_IDX_BYTES + 1)
+    try:  # a regular file only: a FIFO or a device under the IDX name is refused, not read
+        with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
+            with gzip.GzipFile(fileobj=f) if path.suffix == ".gz" else f as source:
+                raw = source.read(MAX_IDX_BYTES + 1)
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataSourceError(f"cannot read {path}: {e}") from None
     if len(raw) > MAX_IDX_BYTES:  # a small .gz can unpack to any size

@@ -12,8 +12,12 @@ frequency side by side.
 
 Bad values (here or in the flags passed on to ``sae.run``) are one ``error:`` line and exit
 code 2 before ``--out`` is created; so is a finished run whose ``metrics.json`` or latest figure
-is damaged (delete it to make it again). Ctrl-C: one line, exit 130; every file is written
-atomically.
+is damaged (delete it to make it again). Ctrl-C or SIGTERM: the training under way stops as
+``sae.run`` does (with its checkpoint, or leaving nothing before its first one), the gallery
+waits for it, says so in one line and exits 130 or 143; every file is written atomically. The
+same command then continues: a run with a checkpoint is resumed, one stopped before its first
+checkpoint (a kill -9) is started again with ``--overwrite`` (which refuses a folder holding
+files a run does not write).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +33,14 @@ from pathlib import Path
 from sae.cli import OneLineParser, UsageError
 from sae.config import DATASETS
 from sae.io import UnsafePathError, copy_file, read_bytes, read_text, write_text
-from sae.process import EXIT_FAILED, EXIT_USAGE, interrupted
+from sae.process import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    STOPS,
+    Terminated,
+    interrupted,
+    interruptible,
+)
 
 MODELS = ("sparsemax", "kl", "l1", "topk", "batchtopk", "jumprelu")
 KINDS = ("decoder_atoms", "activation_frequency", "class_unit_heatmap", "sparsity_histogram")
@@ -114,14 +126,59 @@ def read_metrics(run: Path) -> dict:
 def ensure_run(run: Path, dataset: str, model: str, lam: float, epochs: int,
                extra: list[str]) -> dict:
     """Train the run unless it already finished; return its metrics.json."""
+    from sae import runfolder
+
     if not (run / "metrics.json").is_file():
         cmd = [sys.executable, "-m", "sae.run", "--model", model, "--lambda", str(lam),
                "--dataset", dataset, "--epochs", str(epochs), "--out", str(run), *extra]
-        if run.exists():  # an interrupted run continues where it stopped
+        if (run / "checkpoints" / "last.ckpt").is_file():  # interrupted: it continues
             cmd.append("--resume")
+        elif run.exists() and not runfolder.is_leftover(run):
+            # stopped before its first checkpoint (kill -9): nothing to resume, so it starts
+            # again; --overwrite refuses a folder holding anything a run does not write
+            cmd.append("--overwrite")
         print("$", Path(sys.executable).name, " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, check=True)
+        code = train(cmd)
+        if code:
+            raise subprocess.CalledProcessError(code, cmd)
     return read_metrics(run)
+
+
+GRACE_S = 5.0  # a Ctrl-C in a terminal reaches the training too: the time it is given alone
+
+
+def train(cmd: list[str]) -> int:
+    """Run ``cmd`` (an ``sae.run`` command); its exit code. Stopped (Ctrl-C, SIGTERM), the
+    gallery stops the training as a run stops (:func:`stop_training`) before it goes on
+    stopping, so that what the run leaves is what the same command continues from."""
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except STOPS as e:
+        stop_training(proc, signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        raise
+
+
+def stop_training(proc: subprocess.Popen, sig: int) -> None:
+    """Wait for a training to stop: alone for :data:`GRACE_S` (the terminal's Ctrl-C reached
+    it), then after ``sig`` (its checkpoint is written, or a start before the first checkpoint
+    is undone), killed only if it still runs 30 s later. Further signals meanwhile are dropped:
+    the gallery is stopping already."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        for send, wait_s in ((None, GRACE_S), (sig, 30.0), (signal.SIGKILL, 30.0)):
+            if send is not None and proc.poll() is None:
+                proc.send_signal(send)
+            try:
+                proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        while signal.sigtimedwait(held, 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 def parse_args(argv: list[str]):
@@ -149,20 +206,25 @@ def parse_args(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C always interrupts, even when started from a script that ignores SIGINT for its
+    # background jobs; SIGTERM (interruptible) stops as Ctrl-C does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        args, extra = parse_args(sys.argv[1:] if argv is None else argv)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return _gallery(args, extra, argv)
-    except (UsageError, UnsafePathError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as e:
-        print(f"error: cannot write the gallery: {e.strerror or e}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt as e:
+        with interruptible():
+            try:
+                args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+            except UsageError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return EXIT_USAGE
+            try:
+                return _gallery(args, extra, argv)
+            except (UsageError, UnsafePathError) as e:
+                print(f"error: {e}", file=sys.stderr)
+                return EXIT_USAGE
+            except OSError as e:
+                print(f"error: cannot write the gallery: {e.strerror or e}", file=sys.stderr)
+                return EXIT_FAILED
+    except STOPS as e:
         return interrupted(e, "run the same command again to continue")
 
 

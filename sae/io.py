@@ -12,7 +12,10 @@ JSON is written strictly: NaN and ±inf (which ``json`` would write as the non-s
 Folders the tool did not make itself (a run folder received as a tarball, a sweep folder) are
 untrusted: a planted link would make a write land outside them. :func:`open_regular` opens a
 file there without following a link and without blocking (a FIFO or a device never hangs the
-tool) and accepts only a regular file; :func:`read_text` reads one with a size bound;
+tool) and accepts only a regular file; :func:`read_text` reads one with a size bound taken from
+the bytes read, not from the size the file claims (``/proc`` files and devices claim 0). The
+files a user names (``--data``, ``--config``) may be links (``follow_links``), but what they
+lead to must be a regular file all the same;
 :func:`find_link` finds a link anywhere in a folder tree, so that a command can refuse the
 folder before it writes anything. The atomic writers themselves never write through a link:
 ``os.replace`` replaces a link at the target path, not what it points to.
@@ -46,49 +49,73 @@ class UnsafePathError(OSError):
     """
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, for a message."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
 def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY,
-                 mode: int = 0o644) -> int:
+                 mode: int = 0o644, follow_links: bool = False) -> int:
     """A file descriptor of the regular file ``path``, opened without following a link.
 
     ``O_NOFOLLOW`` refuses a link as the last component (a dangling one too, even with
     ``O_CREAT``); ``O_NONBLOCK`` keeps a FIFO from blocking the open; ``fstat`` then refuses
-    anything but a regular file (FIFO, device, socket). Raises :class:`UnsafePathError` with a
-    one-line reason for these, and the plain ``OSError`` otherwise.
+    anything but a regular file (FIFO, device, socket). With ``follow_links`` (a file the user
+    named) a link is followed, and what it leads to is checked the same way. Raises
+    :class:`UnsafePathError` with a one-line reason for these, and the plain ``OSError``
+    otherwise.
     """
     path = Path(path)
+    nofollow = 0 if follow_links else os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as e:
-        if e.errno == errno.ELOOP or path.is_symlink():
+        if not follow_links and (e.errno == errno.ELOOP or path.is_symlink()):
             raise UnsafePathError(f"{path} is a link; refusing to follow it") from None
         if e.errno == errno.EISDIR or path.is_dir():
             raise UnsafePathError(f"{path} is a folder, not a file") from None
         if e.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
             raise UnsafePathError(f"{path} is not a regular file") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
         os.close(fd)
-        raise UnsafePathError(f"{path} is not a regular file")
+        raise UnsafePathError(f"{path} is {_kind(kind)}, not a regular file")
     os.set_blocking(fd, True)
     return fd
 
 
-def read_bytes(path: str | os.PathLike[str], limit: int = READ_LIMIT) -> bytes:
-    """The bytes of the regular file ``path`` (no link followed), at most ``limit`` of them.
+def _size(limit: int) -> str:
+    return f"{limit // 2**20} MiB" if limit >= 2**20 else f"{limit:,} bytes"
+
+
+def read_bytes(path: str | os.PathLike[str], limit: int = READ_LIMIT,
+               follow_links: bool = False) -> bytes:
+    """The bytes of the regular file ``path`` (no link followed unless ``follow_links``), at
+    most ``limit`` of them: a larger file is refused from its size before it is read, and
+    the read stops at ``limit`` + 1 bytes whatever size the file claims.
 
     Raises:
         UnsafePathError: a link, folder or special file, or a file over ``limit`` bytes.
         OSError: the file cannot be read.
     """
-    fd = open_regular(path)
+    fd = open_regular(path, follow_links=follow_links)
     with os.fdopen(fd, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size > limit:
+            raise UnsafePathError(f"{path} is larger than {_size(limit)}")
         data = fh.read(limit + 1)
     if len(data) > limit:
-        raise UnsafePathError(f"{path} is larger than {limit // 2**20} MiB")
+        raise UnsafePathError(f"{path} is larger than {_size(limit)}")
     return data
 
 
-def read_text(path: str | os.PathLike[str], limit: int = READ_LIMIT) -> str:
+def read_text(path: str | os.PathLike[str], limit: int = READ_LIMIT,
+              follow_links: bool = False) -> str:
     """The UTF-8 text of the regular file ``path`` (:func:`read_bytes`).
 
     Raises:
@@ -96,7 +123,7 @@ def read_text(path: str | os.PathLike[str], limit: int = READ_LIMIT) -> str:
         OSError: the file cannot be read.
         UnicodeDecodeError: the bytes are not UTF-8.
     """
-    return read_bytes(path, limit).decode("utf-8")
+    return read_bytes(path, limit, follow_links).decode("utf-8")
 
 
 def find_link(folder: str | os.PathLike[str], skip: tuple[str, ...] = ()) -> Path | None:

@@ -16,14 +16,24 @@ pixels are. OUT holds ``train.npy`` / ``test.npy`` (N x D, ``--dtype``), ``*_lab
 ``*_rows.npy``, ``classifier.pt`` (the network's tensors only) and ``dataset.json``, which also
 records how it was made and the classifier's test accuracy. OUT must be new or empty: nothing
 is overwritten. Bad flags are one ``error:`` line and exit code 2 before any work.
+
+Ctrl-C or SIGTERM (even when started in the background, where a shell ignores SIGINT) is one
+line and exit 130 or 143, and a failure to write is one line and exit 1: what this run wrote
+is removed, and OUT too if it made it, so the same command can simply be run again. A dump
+killed mid-write (kill -9) leaves its marker (:data:`MARKER`) and no ``dataset.json``: the same
+command takes such a folder and writes it again, if it holds nothing but this tool's files.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 ARCHS = {"mlp": 2, "cnn": 3}  # hidden layers each architecture has
+MARKER = ".sae-layer"  # written first: a folder with it and no dataset.json is an unfinished dump
+PARTS = ("train", "train_labels", "train_rows", "test", "test_labels", "test_rows")
+WRITTEN = {MARKER, "classifier.pt", "dataset.json", *(f"{name}.npy" for name in PARTS)}
 
 
 def build_classifier(arch: str):
@@ -114,8 +124,57 @@ def write_dataset(out: Path, parts: dict, manifest: dict) -> None:
     write_json(out / "dataset.json", manifest)
 
 
+def unfinished(out: Path) -> bool:
+    """Whether ``out`` holds an unfinished dump of this tool (its marker, no dataset.json, and
+    nothing but the files it writes or their temporaries), which a new run may take."""
+    if not out.is_dir() or out.is_symlink():
+        return False
+    names = {p.name for p in out.iterdir()}
+    return MARKER in names and "dataset.json" not in names and all(
+        name in WRITTEN or (name.startswith(".") and name.endswith(".tmp")) for name in names)
+
+
+def _undo(out: Path, made: Path | None) -> None:
+    """Remove what a stopped or failed dump wrote in ``out`` (its files only), and ``out`` and
+    the parents it made (``made``: the outermost), while they are empty."""
+    if not out.is_dir() or out.is_symlink():
+        return
+    for entry in out.iterdir():
+        if (entry.name in WRITTEN or (entry.name.startswith(".") and entry.name.endswith(".tmp")
+                                      and "-" in entry.name)) and entry.is_file() \
+                and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+    if made is None:
+        return
+    folder = out.absolute()
+    while True:
+        try:
+            folder.rmdir()  # only while empty: what someone else put there stays
+        except OSError:
+            return
+        if folder == made:
+            return
+        folder = folder.parent
+
+
+def _to_make(out: Path) -> Path | None:
+    """The outermost folder that making ``out`` creates, or None when ``out`` exists."""
+    if out.exists():
+        return None
+    made = out.absolute()
+    while not made.parent.exists() and made.parent != made:
+        made = made.parent
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
     from sae.cli import OneLineParser, UsageError, path_arg
+    from sae.process import STOPS, importing, interrupted, raise_terminated, running_as
+
+    # Ctrl-C always interrupts, even when started from a script that ignores SIGINT for its
+    # background jobs; SIGTERM stops it the same way
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_terminated)
 
     parser = OneLineParser(prog="python -m sae.layer",
                            description="Train a small classifier and write one hidden layer's "
@@ -146,18 +205,42 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--limit-train must be >= 2, got {args.limit_train}")
         if not 0 <= args.seed < 2**32:
             raise UsageError(f"--seed must be in [0, 2^32), got {args.seed}")
-        if args.out.is_symlink() or (args.out.exists() and (not args.out.is_dir()
-                                                            or any(args.out.iterdir()))):
+        if args.out.is_symlink() or (args.out.exists() and (not args.out.is_dir() or any(
+                args.out.iterdir())) and not unfinished(args.out)):
             raise UsageError(f"--out {args.out} exists and is not an empty folder; choose a "
                              "new one (nothing is overwritten)")
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"dataset folder: {args.out}", flush=True)
+    except STOPS as e:
+        return interrupted(e)
+    again = " (an unfinished dump: written again)" if unfinished(args.out) else ""
+    print(f"dataset folder: {args.out}{again}", flush=True)
+    state: dict = {}
 
+    def stopped(e: BaseException) -> int:
+        if "made" in state:
+            _undo(args.out, state["made"])
+        return interrupted(e, "nothing was kept" if "made" in state else "nothing was written")
+
+    try:
+        # torch: a stop mid-import ends the command at once (sae.process.importing)
+        with importing(stopped if running_as("sae.layer") else None):
+            import torch  # noqa: F401
+
+            import sae.data  # noqa: F401
+        return _dump(args, argv, state)
+    except STOPS as e:
+        return stopped(e)
+
+
+def _dump(args, argv: list[str] | None, state: dict) -> int:
+    """Train, then write the dataset; ``state["made"]`` is set once ``--out`` is written to
+    (the outermost folder made, or None), so that a stop can undo it."""
     import torch
 
     from sae.data import DataSourceError, load_arrays, to_float
+    from sae.io import write_bytes, write_text
     from sae.matrix import FORMAT
 
     try:
@@ -195,15 +278,21 @@ def main(argv: list[str] | None = None) -> int:
                        "epochs": args.epochs, "seed": args.seed,
                        "classifier_test_accuracy": round(test_accuracy, 6)},
         }
+        import io
+
+        buffer = io.BytesIO()  # written atomically, as every file here
+        torch.save({k: v.detach().clone() for k, v in stages.state_dict().items()}, buffer)
+        state["made"] = _to_make(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().clone() for k, v in stages.state_dict().items()},
-                   args.out / "classifier.pt")
+        write_text(args.out / MARKER, "made by python -m sae.layer; dataset.json is written "
+                   "last\n")
+        write_bytes(args.out / "classifier.pt", buffer.getvalue())
         write_dataset(args.out, parts, manifest)
-    except KeyboardInterrupt:
-        print("interrupted; nothing complete was written (no dataset.json)", file=sys.stderr)
-        return 130
     except OSError as e:
-        print(f"error: cannot write {args.out}: {e}", file=sys.stderr)
+        if "made" in state:
+            _undo(args.out, state["made"])
+        print(f"error: cannot write {args.out}: {e.strerror or e}; nothing was kept",
+              file=sys.stderr)
         return 1
     print(f"layer {args.layer} of {args.arch}: {dim} values per image, "
           f"{len(parts['train'])} train and {len(parts['test'])} test rows")
@@ -213,4 +302,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code in (130, 143):  # stopped: nothing is left to write; no slow teardown of torch
+        from sae.process import exit_now
+
+        exit_now(code)
+    sys.exit(code)

@@ -27,18 +27,23 @@ Two ways to name such data (``--data``):
   validation split is. ``python -m sae.layer`` writes such a manifest for a trained
   classifier's hidden layer.
 
-Matrices are opened memory-mapped (``numpy.load(mmap_mode="r")``, never with pickles): a file
-larger than memory is read a batch at a time. Everything is checked before any work, with a
-one-line :class:`MatrixError`: a missing file, a rank other than 2, a dtype that is not a real
-float, NaN or inf in any row (found by streaming through the file), labels or rows of the wrong
-length, differing D between splits. :func:`describe` gives what a run folder records (path,
-shape, dtype, SHA-256), so that a resume or a sweep can refuse a different file.
+Matrices are opened memory-mapped (:mod:`sae.npyfile`, never with pickles): a file larger than
+memory is read a batch at a time. Every file must be a regular file (no FIFO, device or folder),
+and a ``.npy`` header is checked against the opened file's size before anything is read or
+allocated. Everything is checked before any work, with a one-line :class:`MatrixError`: a
+missing file, a rank other than 2, a dtype that is not a real float, NaN or inf in any row, or a
+float64 value beyond the float32 range that training computes in (found by streaming through
+the file), labels or rows of the wrong length, labels beyond :data:`MAX_CLASSES` or more classes
+than training rows, texts over :data:`TEXT_ROW_LIMIT` bytes a row, differing D between splits.
+:func:`describe` gives what a run folder records (path, shape, dtype, SHA-256), so that a resume
+or a sweep can refuse a different file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +58,10 @@ MANIFEST_LIMIT = 1 << 20  # bytes: a manifest names files; it holds no data
 TEXT_LIMIT = 1 << 30  # bytes: one line per row
 TRUTH_FEATURES = 1 << 16  # true features a manifest may name
 SPLIT_KEYS = ("x", "labels", "rows", "texts", "active")  # what a split of a manifest names
+TEXT_ROW_LIMIT = 64 << 10  # bytes of text per row, on average, at most
+MAX_CLASSES = 1000  # classes a run's figures, probes and pages hold
+MAX_NAME = 200  # characters of the data's name and of each class name (titles, tables, pages)
+F32_MAX = float(np.finfo(np.float32).max)  # training reads every row as float32
 SCAN_BYTES = 64 << 20  # rows read at a time when scanning a matrix for NaN or inf
 
 
@@ -63,27 +72,14 @@ class MatrixError(ValueError):
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool]:
     """Shape, dtype and Fortran order from a ``.npy`` header, without reading the data (or
     unpickling anything: an object dtype is refused from the header alone)."""
-    from numpy.lib import format as npy
+    from sae.npyfile import NpyError, open_npy, read_header
 
     try:
-        with open(path, "rb") as f:
-            version = npy.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = npy.read_array_header_1_0(f)
-            elif version in ((2, 0), (3, 0)):
-                shape, fortran, dtype = npy.read_array_header_2_0(f)
-            else:
-                raise MatrixError(f"{path}: unsupported .npy version {version}")
-    except FileNotFoundError:
-        raise MatrixError(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise MatrixError(f"{path} is a folder, not a .npy file") from None
-    except MatrixError:
-        raise
-    except (OSError, ValueError, SyntaxError, TypeError) as e:
-        raise MatrixError(f"{path} is not a readable .npy file ({str(e).splitlines()[0]})") \
-            from None
-    return tuple(shape), np.dtype(dtype), bool(fortran)
+        with open_npy(path) as f:
+            header = read_header(f, path)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
+    return header.shape, header.dtype, header.fortran
 
 
 def open_matrix(path: str | Path) -> np.ndarray:
@@ -100,21 +96,42 @@ def open_matrix(path: str | Path) -> np.ndarray:
     if dtype.type not in FLOAT_DTYPES:
         raise MatrixError(f"{path} holds {dtype} values; float16, float32 or float64 are "
                           "needed (convert with x.astype('float32'))")
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:  # e.g. the file is shorter than its header promises
-        raise MatrixError(f"{path} cannot be mapped: {str(e).splitlines()[0]}") from None
+    from sae.npyfile import NpyError, map_array
+
+    try:  # the file opened again is checked again: the header's size against the file's
+        return map_array(path)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
 
 
 def first_nonfinite_row(x: np.ndarray) -> int | None:
     """The first row holding NaN or ±inf, or None; reads the matrix in blocks of about
     ``SCAN_BYTES``, so a memory-mapped file larger than memory is scanned, not loaded."""
+    found = first_unusable_row(x, beyond_float32=False)
+    return None if found is None else found[0]
+
+
+def first_unusable_row(x: np.ndarray, beyond_float32: bool = True) -> tuple[int, str] | None:
+    """(the first row training cannot use, why), or None: NaN or ±inf, or (``beyond_float32``,
+    float64 files) a finite value that float32, which training computes in, cannot hold (it
+    would become inf). Reads the matrix in blocks of about ``SCAN_BYTES``; no numpy warning."""
     step = max(1, SCAN_BYTES // max(1, x.shape[1] * x.itemsize))
+    wide = beyond_float32 and x.dtype.itemsize > 4
     for start in range(0, len(x), step):
         block = np.asarray(x[start:start + step])
-        bad = ~np.isfinite(block).all(axis=1)
+        with np.errstate(all="ignore"):
+            # NaN compares False: one test finds NaN, inf and (float64) values too large
+            bad = ~(np.abs(block) <= F32_MAX).all(axis=1) if wide else \
+                ~np.isfinite(block).all(axis=1)
         if bad.any():
-            return start + int(np.argmax(bad))
+            row = int(np.argmax(bad))
+            values = block[row]
+            if not np.isfinite(values).all():
+                return start + row, "holds NaN or inf"
+            big = float(values[np.argmax(np.abs(values))])
+            return start + row, (f"holds {big:.3g}, beyond the float32 range (±{F32_MAX:.3g}) "
+                                 "that training computes in: numeric overflow; scale the data "
+                                 "down")
     return None
 
 
@@ -125,7 +142,12 @@ def _int_vector(path: Path, n: int, what: str, low: int = 0, high: int | None = 
         raise MatrixError(f"{path}: {what} of shape {shape}; ({n},) needed, one per row")
     if not np.issubdtype(dtype, np.integer):
         raise MatrixError(f"{path}: {what} are {dtype}; integers are needed")
-    values = np.load(path, allow_pickle=False).astype(np.int64)
+    from sae.npyfile import NpyError, read_array
+
+    try:  # at most 8 bytes an integer, n of them: the shape was checked above
+        values = read_array(path, limit=8 * max(n, 1)).astype(np.int64)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
     if n and (values.min() < low or (high is not None and values.max() >= high)):
         bad = values.min() if values.min() < low else values.max()
         bounds = f"[{low}, {high})" if high is not None else f">= {low}"
@@ -134,15 +156,22 @@ def _int_vector(path: Path, n: int, what: str, low: int = 0, high: int | None = 
 
 
 def _texts(path: Path, n: int) -> list[str]:
-    try:
-        size = path.stat().st_size
+    from sae.io import UnsafePathError, read_bytes
+
+    limit = min(TEXT_LIMIT, n * TEXT_ROW_LIMIT)
+    try:  # a regular file only (a FIFO or /dev/zero never ends), bounded by the bytes read
+        raw = read_bytes(path, limit, follow_links=True)
     except FileNotFoundError:
         raise MatrixError(f"{path} does not exist") from None
-    if size > TEXT_LIMIT:
-        raise MatrixError(f"{path} holds {size >> 20} MiB of text; at most "
-                          f"{TEXT_LIMIT >> 20} MiB")
+    except UnsafePathError as e:
+        if "larger than" in str(e):
+            raise MatrixError(f"{path} holds more than {limit:,} bytes of text; at most "
+                              f"{TEXT_ROW_LIMIT:,} a row on average ({n} rows)") from None
+        raise MatrixError(str(e)) from None
+    except OSError as e:
+        raise MatrixError(f"{path} cannot be read ({e.strerror or e})") from None
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = raw.decode("utf-8").split("\n")
     except UnicodeDecodeError as e:
         raise MatrixError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     if lines and lines[-1] == "":
@@ -212,7 +241,7 @@ def _split(entry: object, folder: Path, name: str, images: str | None,
     n = len(x)
     split = MatrixSplit(x=x, files=files)
     if "labels" in files:
-        split.labels = _int_vector(files["labels"], n, "labels")
+        split.labels = _int_vector(files["labels"], n, "labels", 0, MAX_CLASSES)
     if "rows" in files:
         if images is None:
             raise MatrixError(f"manifest: {name}.rows needs \"images\" (the dataset they index)")
@@ -232,10 +261,12 @@ def _bit_rows(path: Path, n: int) -> np.ndarray:
     if len(shape) != 2 or shape[0] != n or shape[1] < 1 or dtype != np.uint8:
         raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an ({n}, "
                           "ceil(F / 8)) uint8 array of packed bits is needed, one row per row")
+    from sae.npyfile import NpyError, map_array
+
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise MatrixError(f"{path} cannot be mapped: {str(e).splitlines()[0]}") from None
+        return map_array(path)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
 
 
 def _truth(spec: object, folder: Path, dim: int, splits: list[MatrixSplit]) -> np.ndarray:
@@ -249,7 +280,12 @@ def _truth(spec: object, folder: Path, dim: int, splits: list[MatrixSplit]) -> n
             dtype.type not in FLOAT_DTYPES:
         raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an (F, "
                           f"{dim}) float array is needed, F at most {TRUTH_FEATURES}")
-    features = np.load(path, allow_pickle=False).astype(np.float32)
+    from sae.npyfile import NpyError, read_array
+
+    try:
+        features = read_array(path, TRUTH_FEATURES * dim * 8).astype(np.float32)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
     if not np.isfinite(features).all():
         raise MatrixError(f"{path}: the true features hold NaN or inf")
     for split in splits:
@@ -280,8 +316,8 @@ def manifest_name(path: str | Path) -> str | None:
     from sae.io import read_text
 
     try:
-        spec = json.loads(read_text(Path(path).expanduser(), limit=MANIFEST_LIMIT))
-    except (OSError, ValueError):
+        spec = json.loads(read_text(Path(path).expanduser(), MANIFEST_LIMIT, follow_links=True))
+    except (OSError, ValueError, RecursionError):
         return None
     name = spec.get("name") if isinstance(spec, dict) else None
     return name if isinstance(name, str) and name else None
@@ -291,11 +327,14 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
     from sae.io import read_text
 
     try:
-        spec = json.loads(read_text(path, limit=MANIFEST_LIMIT))
+        spec = json.loads(read_text(path, MANIFEST_LIMIT, follow_links=True))
     except FileNotFoundError:
         raise MatrixError(f"{path} does not exist") from None
     except (OSError, ValueError) as e:
         raise MatrixError(f"{path} is not a readable JSON manifest ({str(e).splitlines()[0]})") \
+            from None
+    except RecursionError:
+        raise MatrixError(f"{path} is not a readable JSON manifest (it nests too deeply)") \
             from None
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
         raise MatrixError(f"{path}: a manifest is a JSON object with \"format\": \"{FORMAT}\"")
@@ -356,20 +395,42 @@ def load_data(path: str | Path, check_finite: bool = True,
         data = MatrixData(name=path.stem, train=MatrixSplit(x=open_matrix(path),
                                                             files={"x": path}),
                           test=None, source=path)
+    _check_classes(data)
     if check_finite:
         for split in (data.train, data.test):
             if split is None:
                 continue
-            row = first_nonfinite_row(split.x)
-            if row is not None:
-                raise MatrixError(f"{split.files['x']}: row {row} holds NaN or inf")
+            found = first_unusable_row(split.x)
+            if found is not None:
+                raise MatrixError(f"{split.files['x']}: row {found[0]} {found[1]}")
     return data
+
+
+def _check_classes(data: MatrixData) -> None:
+    """Refuse more classes than a run holds (:data:`MAX_CLASSES`) or than training rows, and
+    names longer than :data:`MAX_NAME`: the class figures, probes and pages are sized by them."""
+    names = data.class_names
+    if names is not None and len(names) > MAX_CLASSES:
+        raise MatrixError(f"{data.source}: \"class_names\" holds {len(names):,} names; at most "
+                          f"{MAX_CLASSES:,} classes")
+    given = [data.name] if data.source is None or data.name != data.source.stem else []
+    longest = max([*given, *(names or [])], key=len, default="")
+    if len(longest) > MAX_NAME:
+        raise MatrixError(f"{data.source}: a name of {len(longest):,} characters "
+                          f"({longest[:40]!r}...); at most {MAX_NAME}")
+    classes, rows = data.n_classes, len(data.train.x)
+    if classes is not None and classes > rows:
+        what = "class names" if names is not None else f"classes (labels up to {classes - 1})"
+        raise MatrixError(f"{data.source}: {classes:,} {what} for {rows:,} training rows; more "
+                          "classes than rows cannot be learned")
 
 
 def file_sha256(path: str | Path, block: int = 8 << 20) -> str:
     """SHA-256 of a file's bytes, read in blocks (a large matrix is never held whole)."""
+    from sae.io import open_regular
+
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
         while chunk := f.read(block):
             digest.update(chunk)
     return digest.hexdigest()

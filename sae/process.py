@@ -1,7 +1,8 @@
 """What every ``python -m sae.*`` command shares as a process: its exit codes, SIGTERM as an
-exception that unwinds like Ctrl-C, which process of a multi-process (DDP) run is the primary one,
-the environment variable that hands a run folder to the processes a run starts, and the one that
-ties a sweep's runs to the sweep's life. No torch, no Lightning.
+exception that unwinds like Ctrl-C, stop signals held or ending the process at once while torch
+and Lightning are imported (:func:`importing`), which process of a multi-process (DDP) run is
+the primary one, the environment variable that hands a run folder to the processes a run
+starts, and the one that ties a sweep's runs to the sweep's life. No torch, no Lightning.
 
 Exit codes: 0 done, 1 failed, 2 bad input (one ``error:`` line), 130 interrupted (Ctrl-C), 143
 terminated (SIGTERM), the shell's conventions for the last two.
@@ -15,8 +16,9 @@ import sys
 from contextlib import contextmanager
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USAGE", "PARENT_ENV",
-           "RUN_DIR_ENV", "STOPS", "Terminated", "interrupted", "interruptible",
-           "is_primary_process", "raise_terminated", "stop_code", "stop_with_parent", "stop_word"]
+           "RUN_DIR_ENV", "STOPS", "STOP_SIGNALS", "Terminated", "exit_now", "importing",
+           "interrupted", "interruptible", "is_primary_process", "raise_terminated",
+           "running_as", "signals_held", "stop_code", "stop_with_parent", "stop_word"]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -53,6 +55,50 @@ def interruptible():
         signal.signal(signal.SIGTERM, previous)
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def signals_held(drop: bool = False):
+    """Ctrl-C and SIGTERM wait while something that must not be cut short runs (a folder being
+    made, an import): one that arrives meanwhile is raised at the end of the block, when what
+    was made is known and can be undone; with ``drop`` (the command is stopping already) it is
+    dropped instead."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        if drop:
+            while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
+                pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextmanager
+def importing(on_stop=None):
+    """Around imports of torch and Lightning (seconds). A Ctrl-C or SIGTERM raised inside one
+    can abort the process (an exception thrown through torch's C++ import code), so it never
+    raises there. With ``on_stop`` (a command, whose process ends with the stop) the process
+    ends at once instead: ``on_stop(stop)`` says what stopped it, undoes what was made and
+    returns the exit code, then :func:`exit_now`. Without it (a process that goes on) the
+    signals are held until the imports are done."""
+    if on_stop is None:
+        with signals_held():
+            yield
+        return
+
+    def stop(signum, frame):
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        exit_now(on_stop(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()))
+
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def stop_code(exc: BaseException) -> int:
     """The exit code of a command stopped by ``exc`` (one of :data:`STOPS`)."""
     return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
@@ -67,6 +113,26 @@ def interrupted(exc: BaseException, note: str = "nothing was written") -> int:
     """One line for a stopped command on stderr; its exit code."""
     print(f"{stop_word(exc)}; {note}", file=sys.stderr)
     return stop_code(exc)
+
+
+def exit_now(code: int):
+    """End the process with ``code`` now, stdout and stderr flushed, without the interpreter's
+    shutdown: for a command stopped with nothing left to write, where tearing down torch and
+    Lightning (a second or more, and modules an interrupted import left half-made) would only
+    delay the exit that the signal asked for."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def running_as(module: str) -> bool:
+    """Whether this process is ``python -m module`` (a command whose process ends with it), not
+    one that calls the command's ``main`` and goes on (a test, a notebook)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name in (module, f"{module}.__main__")
 
 
 def is_primary_process() -> bool:

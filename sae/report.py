@@ -33,7 +33,15 @@ from sae import pages
 from sae.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.io import read_bytes, read_text, write_text
 from sae.metric_defs import METRICS
-from sae.process import EXIT_USAGE, STOPS, interrupted, interruptible
+from sae.process import (
+    EXIT_USAGE,
+    STOPS,
+    exit_now,
+    importing,
+    interrupted,
+    interruptible,
+    running_as,
+)
 from sae.variants import VARIANTS, Variant, models_using, uses_lambda
 
 __all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
@@ -411,6 +419,16 @@ def _figures_section(run_dir: Path, config: dict[str, object]):
     return pages.join(parts)
 
 
+def _changed_data(run_dir: Path, config: dict[str, object]) -> str | None:
+    """Why a ``--data`` run's files no longer hold the data it was trained on, or None
+    (:func:`sae.rundata.changed_data`)."""
+    if not config.get("data"):
+        return None
+    from sae.rundata import changed_data
+
+    return changed_data(run_dir)
+
+
 def _lookup(config: dict[str, object], keys: tuple[str, ...]) -> str | None:
     for key in keys:
         if key in config and isinstance(config[key], str | int | float):
@@ -432,6 +450,12 @@ def render_report(run_dir: Path, resume_command: str | None = None) -> str:
               else "no final test metrics (interrupted or still training)")
     line = headline(metrics) if not metrics_problem else None
     intro = [pages.fragment('<strong class="headline">{}</strong>', line)] if line else []
+    changed = _changed_data(run_dir, config)
+    if changed:
+        intro.append(pages.fragment(
+            "<p><strong>Not the data it was trained on:</strong> {}. The metrics and figures "
+            "here are of the data the run was trained on; pages built from the files as they "
+            "are now (the feature browser) would show other inputs, or none.</p>", changed))
     if resume_command is not None:
         status = "interrupted"
         intro.append(pages.fragment(
@@ -498,6 +522,10 @@ def _draw_figures(run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    # Ctrl-C interrupts even when started from a script that ignores SIGINT in the background
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = OneLineParser(prog="python -m sae.report",
                            description="Write <run-folder>/report.html, a self-contained run "
                                        "report.")
@@ -512,7 +540,14 @@ def main(argv: list[str] | None = None) -> int:
             drawn = [e for _, e, _ in latest_figures(args.run) if e is not None]
             if (not args.no_figures and not drawn
                     and (args.run / "checkpoints" / "last.ckpt").is_file()):
-                _draw_figures(args.run)
+                changed = _changed_data(args.run, _read_config(args.run / "config.yaml")[0])
+                if changed:  # drawn from these files, the figures would show other data
+                    print(f"note: no figures drawn: {changed}", file=sys.stderr)
+                else:
+                    # torch and Lightning: a stop mid-import ends the command at once
+                    with importing(interrupted if running_as("sae.report") else None):
+                        import sae.callbacks  # noqa: F401
+                    _draw_figures(args.run)
             path = write_report(args.run)
     except (UsageError, RunFolderError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -524,4 +559,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code in (130, 143):  # stopped: report.html is written atomically, so nothing is left
+        exit_now(code)
+    sys.exit(code)

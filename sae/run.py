@@ -28,7 +28,6 @@ import shlex
 import signal
 import sys
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
 from sae.cli import (
@@ -48,22 +47,28 @@ from sae.process import (
     EXIT_USAGE,
     RUN_DIR_ENV,
     Terminated,
+    exit_now,
+    importing,
     is_primary_process,
     raise_terminated,
+    running_as,
+    stop_code,
     stop_with_parent,
+    stop_word,
 )
+from sae.process import signals_held as _signals_held
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
-def check_devices(config: RunConfig) -> None:
+def check_devices(config: RunConfig, on_stop=None) -> None:
     """Whether the device kind asked for is here (imports torch: after the checks of the
-    settings, still before the run folder is claimed)."""
+    settings, still before the run folder is claimed; ``on_stop``: see :func:`_importing`)."""
     accelerator, precision = config.hardware.accelerator, config.hardware.precision
     needs_cuda = accelerator == "cuda" or precision.startswith("transformer-engine")
     if not (needs_cuda or accelerator in ("gpu", "mps")):
         return
-    with _signals_held():
+    with _importing(on_stop):
         import torch
 
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
@@ -78,42 +83,40 @@ def check_devices(config: RunConfig) -> None:
                          "only); use --accelerator cpu or auto")
 
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# set when a stop left nothing to write (before the claim, or a start undone): the command-line
+# process then ends at once (sae.process.exit_now) instead of tearing torch and Lightning down,
+# which takes a second or more
+QUICK_EXIT = False
 
 
-@contextmanager
-def _signals_held():
-    """Ctrl-C and SIGTERM wait while something that must not be cut short runs (the run folder
-    being made, an import): one that arrives meanwhile is raised at the end of the block, when
-    what was made is known and can be undone."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+def _importing(on_stop):
+    """:func:`sae.process.importing`, ending the process at once only as the command
+    (``python -m sae.run``), not in a process that calls :func:`main` and goes on."""
+    return importing(on_stop if running_as("sae.run") else None)
 
 
-def _checked(argv: list[str]) -> tuple[RunConfig, dict | None]:
+def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     """The run's checked settings and, with --data, the record of its data (read and checked
     in full, on resume compared with the run's), all before the run folder is touched."""
     from sae.rundata import check_data
 
     config = run_config(argv)
-    check_devices(config)
+    check_devices(config, on_stop)
     if not config.data.data:
         check_data(config)  # a resumed --data run needs its data
         return config, None
-    with _signals_held():  # imports numpy (and, for image rows, torch)
-        record = check_data(config)
+    with _importing(on_stop):  # numpy, torch and Lightning
+        import sae.matrixdata  # noqa: F401
+    # reading and checking every file (seconds for a large one) is not held: Ctrl-C or SIGTERM
+    # stops it at once, with nothing written
+    record = check_data(config)
     config.sae.input_dim = int(record["train"]["shape"][1])
     check_model(config.sae)
     return config, record
 
 
 def _import_training() -> None:
-    """Import torch, Lightning and the training modules. A signal raised in the middle of an
-    import leaves half-made modules that fail in odd ways later, so this runs with the stop
-    signals held: a Ctrl-C or SIGTERM then takes effect the moment the imports are done."""
+    """Import torch, Lightning and the training modules (seconds; see :func:`_importing`)."""
     import lightning.pytorch.loggers  # noqa: F401
 
     import sae.checkpoints
@@ -123,7 +126,8 @@ def _import_training() -> None:
     import sae.training  # noqa: F401
 
 
-def _start(config: RunConfig, record: dict | None, out: Path, primary: bool) -> bool:
+def _start(config: RunConfig, record: dict | None, out: Path, primary: bool,
+           argv: list[str]) -> bool:
     """Claim the run folder and write its settings (and ``record``, the data's, when given);
     returns whether the folder was made now.
     A failure undoes what it made and raises (UsageError, OSError)."""
@@ -134,7 +138,10 @@ def _start(config: RunConfig, record: dict | None, out: Path, primary: bool) -> 
 
     folder = config.folder
     mode = "resume" if folder.resume is not None else "overwrite" if folder.overwrite else "new"
-    created = runfolder.claim(out, mode)
+    # a start stopped by kill -9 is started again by the same command with --overwrite
+    again = shlex.join([sys.executable, "-m", "sae.run", *argv,
+                        *([] if "--out" in argv else ["--out", str(out)]), "--overwrite"])
+    created = runfolder.claim(out, mode, again)
     if folder.resume is None:
         try:
             write_config(config, out / "config.yaml")
@@ -157,24 +164,28 @@ def main(argv: list[str] | None = None) -> int:
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
-        config, record = _checked(argv)
+        config, record = _checked(argv, on_stop=lambda e: _stopped_early(e, say))
     except UsageError as e:
         say(f"error: {e}")
         return EXIT_USAGE
     except (KeyboardInterrupt, Terminated) as e:
-        stopped = "terminated" if isinstance(e, Terminated) else "interrupted"
-        say(f"{stopped} before training started; nothing was written")
-        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        return _stopped_early(e, say)
     out, created, claimed = Path(config.folder.out), False, False
     resuming = config.folder.resume is not None
     try:
-        with _signals_held():
-            created = _start(config, record, out, primary)
+        with _signals_held():  # the folder is claimed and its settings written whole
+            created = _start(config, record, out, primary, argv)
             claimed = True
             if primary:  # within a second of the command: torch is not imported yet
                 print(f"run folder: {out}" + (" (resuming)" if resuming else ""), flush=True)
                 for note in unused_flags(argv, config):  # beside the run's other notes
                     print(note, flush=True)
+
+        def on_stop(e: BaseException) -> int:  # the start is undone (a resume keeps its run)
+            return _stopped(config, out, created, primary, say, stop_word(e), stop_code(e),
+                            report=False)
+
+        with _importing(on_stop):
             _import_training()
     except UsageError as e:
         say(f"error: {e}")
@@ -186,12 +197,21 @@ def main(argv: list[str] | None = None) -> int:
         stopped = "terminated" if isinstance(e, Terminated) else "interrupted"
         code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
         if not claimed:  # the folder is not this run's: nothing of it is touched
-            say(f"{stopped} before training started; nothing was written")
-            return code
+            return _stopped_early(e, say)
         return _stopped(config, out, created, primary, say, stopped, code)
     if primary:
         stop_with_parent()
     return _train(config, out, created, primary, say)
+
+
+def _stopped_early(e: BaseException, say) -> int:
+    """A stop before the run folder is claimed: one line, nothing written, a quick exit."""
+    global QUICK_EXIT
+    with _signals_held(drop=True):
+        QUICK_EXIT = True
+        say(f"{'terminated' if isinstance(e, Terminated) else 'interrupted'} before training "
+            "started; nothing was written")
+    return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
 
 
 def _written_by(e: BaseException, function) -> bool:
@@ -266,18 +286,24 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
 
 
 def _stopped(config: RunConfig, out: Path, created: bool, primary: bool, say, what: str,
-             code: int) -> int:
+             code: int, report: bool = True) -> int:
+    global QUICK_EXIT
     has_checkpoint = (out / "checkpoints" / "last.ckpt").is_file()
     if has_checkpoint or config.folder.resume is not None:
         command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
-        if primary and not config.output.no_report and has_checkpoint:
+        if primary and not config.output.no_report and has_checkpoint and report:
             _interrupted_report(out, command)
         say(f"{what}; continue with: {command}")
     else:
-        _undo_start(out, created, primary)
-        say(f"{what} before the first checkpoint; nothing was kept")
+        with _signals_held(drop=True):  # a second signal does not cut the undoing in half
+            _undo_start(out, created, primary)
+            say(f"{what} before the first checkpoint; nothing was kept")
+            QUICK_EXIT = True
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if QUICK_EXIT:
+        exit_now(code)
+    sys.exit(code)

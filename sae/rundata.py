@@ -6,6 +6,10 @@ labels of the wrong length) and, on ``--resume``, compares it with the record th
 holds: a file with another D, or the same D and other bytes (SHA-256), is refused, so that no run
 mixes two data sets. Each failure is one :class:`sae.setting.UsageError` line (exit 2) before the
 run folder is touched. :func:`write_record` writes the record when a fresh run starts.
+
+Pages built later from a run say whether its data changed since (:func:`changed_data`, by the
+SHA-256 it recorded, as ``--resume`` refuses it): ``sae.features`` refuses such a run, the
+report says so. A file is hashed once per process while its size and time stay the same.
 """
 
 from __future__ import annotations
@@ -15,10 +19,74 @@ from pathlib import Path
 from sae.config import RunConfig
 from sae.setting import UsageError
 
-__all__ = ["RECORD", "check_data", "check_sweep_data", "read_record", "same_data",
-           "write_record"]
+__all__ = ["RECORD", "changed_data", "check_data", "check_sweep_data", "current_sha256",
+           "read_record", "same_data", "write_record"]
 
 RECORD = "data.json"  # in the run folder: sae.matrix.describe of the data it trains on
+
+_HASHED: dict[tuple, str] = {}  # (path, device, inode, size, mtime) -> SHA-256
+
+
+def _stamp(path: str, info) -> tuple:
+    return (path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def current_sha256(path: str | Path) -> str:
+    """The SHA-256 of the regular file ``path`` now (a link followed; a FIFO or a device is
+    refused, never read), hashed once per process while the file stays the same.
+
+    Raises:
+        OSError: the file cannot be read (sae.io.UnsafePathError: not a regular file).
+    """
+    import hashlib
+    import os
+
+    from sae.io import open_regular
+
+    with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
+        key = _stamp(str(path), os.fstat(f.fileno()))
+        if key not in _HASHED:
+            digest = hashlib.sha256()
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+            _HASHED[key] = digest.hexdigest()
+        return _HASHED[key]
+
+
+def _remember(record: dict) -> None:
+    """Keep the SHA-256 the checks computed, so that a page built in the same process does not
+    read the files again."""
+    import os
+
+    for split in ("train", "test"):
+        entry = record.get(split)
+        if isinstance(entry, dict):
+            try:
+                _HASHED[_stamp(entry["path"], os.stat(entry["path"]))] = entry["sha256"]
+            except (OSError, KeyError, TypeError):
+                pass
+
+
+def changed_data(folder: str | Path) -> str | None:
+    """Why the files a ``--data`` run was trained on no longer hold that data (one line), or
+    None: an image run, a run without a readable record, or the same bytes (SHA-256)."""
+    recorded = read_record(folder)
+    if recorded is None:
+        return None
+    for split in ("train", "test"):
+        entry = recorded.get(split)
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            continue
+        path = entry["path"][:4096]
+        try:
+            now = current_sha256(path)
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the recorded path
+            reason = getattr(e, "strerror", None) or str(e)
+            return f"its {split} matrix {path[:200]} cannot be read now ({reason})"
+        if now != entry.get("sha256"):
+            return (f"its {split} matrix {path[:200]} has changed since training (SHA-256 "
+                    f"{now[:12]}…, recorded {str(entry.get('sha256'))[:12]}…)")
+    return None
 
 
 def read_record(folder: str | Path) -> dict | None:
@@ -43,14 +111,15 @@ def same_data(record: dict, recorded: dict, path: str) -> str | None:
         if new is None or not isinstance(old, dict):
             return (f"--data {path} has {'no' if new is None else 'a'} {split} split; the data "
                     f"the run was trained on had {'one' if new is None else 'none'}")
-        if list(new["shape"])[1:] != list(old.get("shape") or [])[1:]:
+        shape = old.get("shape") if isinstance(old.get("shape"), list) else []  # untrusted
+        if list(new["shape"])[1:] != shape[1:]:
+            width = shape[1] if len(shape) > 1 else "?"
             return (f"--data {path} holds rows of {new['shape'][1]} numbers; the run was "
-                    f"trained on rows of {(old.get('shape') or ['?', '?'])[1]} "
-                    f"({old.get('path')})")
+                    f"trained on rows of {str(width)[:20]} ({str(old.get('path'))[:200]})")
         if new["sha256"] != old.get("sha256"):
             return (f"--data {path}: its {split} matrix {new['path']} differs from the one the "
                     f"run was trained on (SHA-256 {new['sha256'][:12]}…, recorded "
-                    f"{str(old.get('sha256'))[:12]}… for {old.get('path')})")
+                    f"{str(old.get('sha256'))[:12]}… for {str(old.get('path'))[:200]})")
     return None
 
 
@@ -71,6 +140,7 @@ def check_data(config: RunConfig) -> dict | None:
         _, record = checked(data, config.data.data_dir)
     except MatrixError as e:
         raise UsageError(f"--data: {e}") from None
+    _remember(record)
     if resume is not None:
         if recorded is None:
             raise UsageError(f"cannot resume {out} with --data {data}: the run holds no "

@@ -7,7 +7,11 @@
 - **What this tool made.** A new folder gets a marker file (:data:`MARKER`). ``--overwrite``
   replaces only folders that carry it, or that have exactly the shape of a run folder of an
   earlier version (a valid ``config.yaml`` and nothing but run-folder entries); never the
-  working directory or one of its parents.
+  working directory or one of its parents; and never one holding a file that a run does not
+  write (:func:`foreign_file`: a user's notes beside the run's files), which it names.
+- **A start stopped by kill -9** before its first checkpoint leaves a marked folder with no
+  checkpoint (:func:`stopped_start`): nothing to resume. The same command is then refused with
+  the command that starts it again (``--overwrite``), as is ``--resume``.
 - **Links and leftovers.** A run folder can come from elsewhere (a tarball, a colleague's disk):
   :func:`claim` refuses one that holds a link anywhere inside it (the folder named by ``--out``
   may itself be one: the user named it), before anything is opened or
@@ -33,8 +37,9 @@ from pathlib import Path
 from sae import io as sae_io
 from sae.cli import UsageError, read_settings_file
 
-__all__ = ["LEFTOVERS", "MARKER", "RUN_ENTRIES", "check_links", "claim", "is_leftover",
-           "merge_history", "new_session", "overwritable", "release"]
+__all__ = ["LEFTOVERS", "MARKER", "RUN_ENTRIES", "check_links", "claim", "foreign_file",
+           "is_leftover", "merge_history", "new_session", "overwritable", "release",
+           "stopped_start"]
 
 MARKER = ".sae-run-folder"
 LOCK = ".lock"
@@ -43,6 +48,12 @@ RUN_ENTRIES = {MARKER, LOCK, "config.yaml", "metrics.csv", "metrics.json", "chec
                "tensorboard", "figures", "report.html", "features.html", "hparams.yaml", "logs",
                "analysis.json", "test_l0.npy"}
 LEFTOVERS = {MARKER, LOCK}  # all that a start which failed at once may leave
+# the files a run writes at its top level (data.json: the record of --data), and the folders
+# whose files it writes (see _written_by_a_run)
+RUN_FILES = {MARKER, LOCK, "config.yaml", "metrics.csv", "metrics.json", "report.html",
+             "features.html", "hparams.yaml", "analysis.json", "test_l0.npy", "data.json"}
+RUN_FOLDERS = {"checkpoints", "tensorboard", "figures", "logs"}
+SESSION_FILES = {"metrics.csv", "hparams.yaml", "session.json"}
 
 _held: dict[Path, int] = {}  # folder -> open lock file descriptor
 _made_parents: dict[Path, Path] = {}  # folder -> the outermost of the parents claim made for it
@@ -132,22 +143,79 @@ def made_here(folder: Path, entries: set[str] | None = None) -> str | None:
     return None
 
 
+def _written_by_a_run(parts: tuple[str, ...], is_dir: bool) -> bool:
+    """Whether the entry at ``parts`` (relative to a run folder) is one a run writes: its own
+    top-level files, ``checkpoints/*.ckpt``, ``figures/<kind>/*.png``,
+    ``logs/<session>/{metrics.csv, hparams.yaml, session.json}``, TensorBoard's event files and
+    ``hparams.yaml``, and the temporary files of a killed write (``.<name>-<random>.tmp``)."""
+    name, top, depth = parts[-1], parts[0], len(parts)
+    if is_dir:
+        return top in RUN_FOLDERS and (depth == 1 or top == "tensorboard" or
+                                       (depth == 2 and top in ("figures", "logs")))
+    if name.startswith(".") and name.endswith(".tmp") and "-" in name:
+        return True
+    if depth == 1:
+        return name in RUN_FILES
+    if top == "checkpoints":
+        return depth == 2 and name.endswith(".ckpt")
+    if top == "figures":
+        return depth == 3 and name.endswith(".png")
+    if top == "logs":
+        return depth == 3 and name in SESSION_FILES
+    return top == "tensorboard" and (name.startswith("events.out.tfevents.") or
+                                     name == "hparams.yaml")
+
+
+def foreign_file(folder: Path) -> Path | None:
+    """The first entry in ``folder``'s tree that a run does not write (a user's file or
+    folder), or None. Links are not followed (a run folder holds none: :func:`check_links`)."""
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        rel = Path(root).relative_to(folder).parts
+        for name in sorted(dirs):
+            if not _written_by_a_run((*rel, name), True):
+                return Path(root) / name
+        for name in sorted(files):
+            if not _written_by_a_run((*rel, name), False):
+                return Path(root) / name
+        dirs.sort()
+    return None
+
+
 def overwritable(folder: Path) -> str | None:
     """None when ``folder`` may be replaced by ``--overwrite``, else the reason it may not."""
     here = Path.cwd().resolve()
     target = folder.resolve()
     if target == here or target in here.parents:
         return "it is the working directory or one of its parents"
-    return made_here(folder)
+    reason = made_here(folder)
+    if reason:
+        return reason
+    stranger = foreign_file(folder)
+    if stranger is not None:
+        return (f"{stranger} was not written by a run (move it out of the folder; nothing "
+                "was removed)")
+    return None
 
 
-def claim(folder: Path, mode: str) -> bool:
+def stopped_start(folder: Path) -> bool:
+    """Whether ``folder`` is this tool's run folder of a start stopped before its first
+    checkpoint, with no process in it (a kill -9, a power cut): marked, with ``config.yaml``,
+    no checkpoint and no final metrics."""
+    return (folder / MARKER).is_file() and (folder / "config.yaml").is_file() and \
+        not (folder / "metrics.json").exists() and \
+        not any((folder / "checkpoints").glob("*.ckpt")) and not is_locked(folder)
+
+
+def claim(folder: Path, mode: str, again: str | None = None) -> bool:
     """Take ``folder`` for this run; ``mode`` is new, resume or overwrite.
 
     Returns whether the folder was created now (a failed start then removes it again). Raises
     UsageError, before anything is written, if the folder is not this run's to take: a link
     anywhere in it, a ``.lock`` that is not a regular file, another process training in it,
-    and for ``resume`` a folder that this tool did not make (:func:`made_here`).
+    for ``resume`` a folder that this tool did not make (:func:`made_here`), and for
+    ``overwrite`` one holding a file a run does not write (:func:`overwritable`). ``again``:
+    the command that starts a stopped start over (:func:`stopped_start`), named when a new run
+    finds one.
     """
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out {folder} exists and is not a folder")
@@ -162,6 +230,10 @@ def claim(folder: Path, mode: str) -> bool:
         return False
     if folder.is_dir() and not is_leftover(folder):
         if mode != "overwrite":
+            if again is not None and stopped_start(folder):
+                raise UsageError(f"run folder {folder} holds a start that was stopped before its "
+                                 f"first checkpoint (nothing to resume); start it again with: "
+                                 f"{again}")
             raise UsageError(f"run folder {folder} already exists; pass --resume to continue "
                              "it or --overwrite to replace it")
         reason = overwritable(folder)

@@ -273,9 +273,17 @@ def load_data(config: RunConfig):
     if len(dm.train_x) < 2:
         raise DataSourceError(f"training needs at least 2 {what}, got {len(dm.train_x)} "
                               "(--limit-train)")
-    if not train_moments(dm)[1] > 0:
+    variance = train_moments(dm)[1]
+    if not variance <= F32_MAX:  # inf or NaN too: training computes in float32
+        raise DataSourceError(f"the training {what}' variance ({variance:.3g}) is beyond the "
+                              f"float32 range (±{F32_MAX:.3g}) that training computes in: "
+                              "numeric overflow; scale the data down")
+    if not variance > 0:
         raise DataSourceError(f"the training {what} are all the same: their variance is 0")
     return dm
+
+
+F32_MAX = 3.4028234663852886e38  # the largest float32: a loss or variance beyond it is inf
 
 
 @contextmanager

@@ -2,7 +2,6 @@
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -59,11 +58,12 @@ def test_a_run_to_train_is_announced_with_the_interpreter_that_trains_it(tmp_pat
                                                                       capsys):
     calls = []
 
-    def train(cmd, check):  # stands in for the training process: writes a finished run
+    def train(cmd):  # stands in for the training process: writes a finished run
         calls.append(cmd)
         finished_run(Path(cmd[cmd.index("--out") + 1]))
+        return 0
 
-    monkeypatch.setattr(subprocess, "run", train)
+    monkeypatch.setattr(gallery, "train", train)
     gallery.ensure_run(tmp_path / "mnist-l1", "mnist", "l1", 0.01, 10, [])
     assert calls[0][:3] == [sys.executable, "-m", "sae.run"]
     line = capsys.readouterr().out.strip()

@@ -9,7 +9,12 @@ from sae.report import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     from sae.cli import OneLineParser, UsageError, path_arg  # light: no torch, no Lightning
+
+    # Ctrl-C interrupts even when started from a script that ignores SIGINT in the background
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     parser = OneLineParser(prog="python -m sae.features",
                            description="Write <run-folder>/features.html: what each unit of a "
@@ -31,10 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunFolderError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from sae.process import STOPS, interrupted, interruptible
+    from sae.process import STOPS, importing, interrupted, interruptible, running_as
 
     try:
         with interruptible():
+            # torch and Lightning: a stop mid-import ends the command at once
+            with importing(interrupted if running_as("sae.features") else None):
+                import sae.checkpoints
+                import sae.features.inputs
+                import sae.matrixdata  # noqa: F401
             from sae.data import DataSourceError
 
             try:
@@ -49,4 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code in (130, 143):  # stopped: the page is written atomically, so nothing is left
+        from sae.process import exit_now
+
+        exit_now(code)
+    sys.exit(code)

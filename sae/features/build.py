@@ -85,6 +85,15 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
         dm = run_data_module(config, data_dir)
     except MatrixError as exc:
         raise RunFolderError(str(exc)) from None
+    if config.get("data"):  # the inputs shown must be the ones the run was trained on
+        from sae.rundata import read_record, same_data
+
+        recorded = read_record(run_dir)
+        why = None if recorded is None else same_data(dm.record, recorded, config["data"])
+        if why:
+            raise RunFolderError(f"the data changed since {run_dir} was trained: {why}; the "
+                                 "page would show other inputs (restore the file, or train "
+                                 "the run again)")
     try:
         model = model_from_checkpoint(read_checkpoint(ckpt))
     except (CheckpointError, OSError, RuntimeError, KeyError, ValueError) as exc:

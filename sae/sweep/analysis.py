@@ -89,10 +89,11 @@ def pearson(a, b) -> float | None:
 
 
 def _load_l0(folder: Path):
-    """The cached per-input test L0 (``test_l0.npy``; plain numbers only, no pickles)."""
-    import numpy as np
+    """The cached per-input test L0 (``test_l0.npy``; plain numbers only, no pickles; a
+    regular file whose header matches its size, at most 64 MiB: NpyError, a ValueError)."""
+    from sae.npyfile import read_array
 
-    return np.load(folder / "test_l0.npy", allow_pickle=False)
+    return read_array(folder / "test_l0.npy", limit=64 << 20)
 
 
 def analysis_is_current(folder: Path) -> bool:
