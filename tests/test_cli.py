@@ -112,7 +112,10 @@ def test_every_model_trains_end_to_end(tmp_path, data_dir, model):
     for key in ("mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
                 "dense_fraction", "wall_time_s"):
         assert isinstance(metrics[key], float)
-    assert 0 < metrics["fvu"] < 1.5 and metrics["steps"] == 24
+    # the published Sparsemax-SAE has no decoder bias at the mean and a random dictionary: in
+    # 24 steps it is still far from the mean image's FVU of 1 (the others start at it)
+    assert 0 < metrics["fvu"] < (10 if model == "sparsemax-attention" else 1.5)
+    assert metrics["steps"] == 24
     if model != "kl":  # codes at or below the firing threshold are exact zeros
         assert metrics["fvu_at_l0"] == metrics["fvu"]
     assert (out / "checkpoints" / "last.ckpt").is_file()

@@ -46,7 +46,8 @@ def quick_preset() -> dict:
                             no_features=True)
     for entry in preset["models"].values():
         key = "k" if "k" in entry else "lambda"
-        entry[key] = entry[key][:1]
+        if key in entry:  # the published Sparsemax-SAE has no grid
+            entry[key] = entry[key][:1]
     return preset
 
 

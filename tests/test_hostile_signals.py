@@ -31,6 +31,23 @@ def good(tmp_path) -> Path:
     return tmp_path
 
 
+def handles_sigterm(pid: int, timeout: float = 30.0) -> None:
+    """Wait until process ``pid`` catches SIGTERM: its command's main() has started (what a
+    stop "at any moment" is measured from; before it, the interpreter itself is starting, and
+    on a loaded machine that takes longer than any fixed delay)."""
+    status = Path(f"/proc/{pid}/status")
+    if not status.is_file():  # not Linux: fall back on time
+        time.sleep(1.0)
+        return
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        for line in status.read_text().splitlines():
+            if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never caught SIGTERM")
+
+
 def stopped(proc: subprocess.Popen, sig: int, timeout: float = 60) -> tuple[int, str, float]:
     """Send ``sig``; the exit code, stderr and the seconds the process took to exit."""
     start = time.perf_counter()
@@ -130,11 +147,12 @@ def test_a_stop_while_torch_is_imported_ends_the_start_at_once(good, data_dir, s
     which = ["--data", str(good / "rows.npy")] if data == "activations" else \
         ["--limit-train", "20000", "--val-size", "50", "--limit-test", "256"]
     out = good / "made" / "run"
-    for delay in (0.4, 1.0, 2.0, 3.5):
+    for delay in (0.0, 0.6, 1.6, 3.0):  # after main() catches signals
         proc = subprocess.Popen([sys.executable, "-m", "sae.run", *TINY, *which, "--epochs",
                                  "50", "--out", str(out)], cwd=good,
                                 env=cli_env(good, data_dir), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
+        handles_sigterm(proc.pid)
         time.sleep(delay)
         if (out / "checkpoints").is_dir():  # training already: not a start any more
             proc.kill()

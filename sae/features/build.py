@@ -133,11 +133,12 @@ def write_features(run_dir: Path, model, dm, test_codes=None, max_inputs: int | 
                              f"{len(class_names) - 1}; the data files are damaged")
     codes, rows = test_codes.numpy(), x.numpy()
     # attributions are per pixel: only for a one-layer SAE on the pixels themselves
-    linear = model.config.arch == "linear" and inputs.pixels
+    attribution = model.attribution() if inputs.pixels else None
+    encoder, centre = (None, None) if attribution is None else \
+        (t.cpu().numpy() for t in attribution)
     stats = feature_stats(codes, labels, rows, model.atoms().cpu().numpy(),
                           model.fire_threshold, n_classes=len(class_names),
-                          encoder=model.encoder_rows().detach().cpu().numpy() if linear else None,
-                          centre=model.b_dec.detach().cpu().numpy() if linear else None)
+                          encoder=encoder, centre=centre)
     if inputs.has_labels:  # no probe without labels (the page says so)
         train_codes = encode_codes(model, dm.train_x[:PROBE_TRAIN_INPUTS])
         stats["probe_weight"], stats["probe_accuracy"] = probe_weights(

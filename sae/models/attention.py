@@ -101,6 +101,10 @@ class AttentionSAE(SparseAutoencoder):
     def atoms(self) -> Tensor:
         return self.decoder_rows().detach().t()
 
+    def attribution(self) -> None:
+        """None: its scores read x / ‖x‖, so per-pixel products of x do not sum to them."""
+        return None
+
     def linear_decoder(self) -> tuple[Tensor, Tensor]:
         return self.decoder_rows().detach().t(), torch.zeros(self.config.input_dim,
                                                              device=self.mean_image.device)

@@ -126,9 +126,13 @@ class SparseAutoencoder(L.LightningModule):
             return None
         return (self.W_dec * self.code_scale).detach(), self.b_dec.detach()
 
-    def encoder_rows(self) -> Tensor:
-        """The rows [H, D] the pre-activations read the (centred) input with (linear)."""
-        return self.W_enc
+    def attribution(self) -> tuple[Tensor, Tensor] | None:
+        """(encoder rows [H, D], centre [D]), detached, such that unit j's pre-activation less
+        its bias is Σ_i (x − centre)_i · rows[j, i]: what the feature browser's per-pixel
+        attributions show; None where no such sum exists (a non-linear encoder)."""
+        if self.config.arch != "linear":
+            return None
+        return self.W_enc.detach(), self.b_dec.detach()
 
     def atoms(self) -> Tensor:
         """What each unit draws, [D, H]: decoder columns (linear) or decode(s·e_j) − decode(0)."""
