@@ -98,18 +98,20 @@ def _importing(on_stop):
 def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     """The run's checked settings and, with --data, the record of its data (read and checked
     in full, on resume compared with the run's), all before the run folder is touched."""
-    from sae.rundata import check_data
+    from sae.rundata import check_data, check_split
 
     config = run_config(argv)
     check_devices(config, on_stop)
     if not config.data.data:
         check_data(config)  # a resumed --data run needs its data
+        check_split(config.settings())  # from the training file's header
         return config, None
     with _importing(on_stop):  # numpy, torch and Lightning
         import sae.matrixdata  # noqa: F401
     # reading and checking every file (seconds for a large one) is not held: Ctrl-C or SIGTERM
     # stops it at once, with nothing written
     record = check_data(config)
+    check_split(config.settings(), record)
     config.sae.input_dim = int(record["train"]["shape"][1])
     check_model(config.sae)
     return config, record
