@@ -47,9 +47,12 @@ from sae.process import (
     EXIT_USAGE,
     RUN_DIR_ENV,
     Terminated,
+    end_process,
     exit_now,
     importing,
     is_primary_process,
+    line_ended,
+    new_line_after_ctrl_c,
     raise_terminated,
     running_as,
     stop_code,
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM is one line and exit 143 from here on, during the imports too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
+    line_ended(False)
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
@@ -211,6 +215,8 @@ def _stopped_early(e: BaseException, say) -> int:
     global QUICK_EXIT
     with _signals_held(drop=True):
         QUICK_EXIT = True
+        if isinstance(e, KeyboardInterrupt):
+            new_line_after_ctrl_c()
         say(f"{'terminated' if isinstance(e, Terminated) else 'interrupted'} before training "
             "started; nothing was written")
     return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
@@ -290,6 +296,8 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
 def _stopped(config: RunConfig, out: Path, created: bool, primary: bool, say, what: str,
              code: int, report: bool = True) -> int:
     global QUICK_EXIT
+    if code == EXIT_INTERRUPTED and primary:
+        new_line_after_ctrl_c()  # the report's line and the resume command start a line
     has_checkpoint = (out / "checkpoints" / "last.ckpt").is_file()
     if has_checkpoint or config.folder.resume is not None:
         command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
@@ -308,4 +316,4 @@ if __name__ == "__main__":
     code = main()
     if QUICK_EXIT:
         exit_now(code)
-    sys.exit(code)
+    end_process(code)  # within a fraction of a second of the last line
