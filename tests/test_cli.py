@@ -232,8 +232,8 @@ def test_flags_are_checked_before_lightning_is_imported():
 
 @pytest.mark.slow
 def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, data_dir):
-    """Piped (not a terminal): the run folder first, a line per validation, one line per
-    finishing step with its time, the pages last."""
+    """Piped (not a terminal): the run folder first, a line per validation, a line as each
+    finishing step starts and one with its time as it ends, the pages last."""
     out = tmp_path / "run"
     result = run_cli(["--model", "l1", "--epochs", "3", "--out", out, *QUICK], tmp_path,
                      data_dir)
@@ -247,9 +247,11 @@ def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, d
     assert all("val FVU" in ln and "L0" in ln and "dead" in ln for ln in epochs)
     assert "v_num" not in result.stdout + result.stderr
     after = lines[lines.index(epochs[-1]) + 1:]
-    steps = [re.fullmatch(r"(.+) … (\d+\.\d) s", ln) for ln in after[:3]]
-    assert [m.group(1) for m in steps if m] == ["test metrics", "feature browser", "report"]
-    assert after[3].startswith("mse=")
+    names = ["figures", "test metrics", "feature browser", "report"]
+    assert after[0:8:2] == [f"{name} …" for name in names]
+    ends = [re.fullmatch(r"(.+) … (\d+\.\d) s", ln) for ln in after[1:8:2]]
+    assert [m.group(1) for m in ends if m] == names
+    assert after[8].startswith("mse=")
     assert lines[-2:] == [f"report: {out / 'report.html'}", f"features: {out / 'features.html'}"]
     assert (out / "report.html").is_file() and (out / "features.html").is_file()
 
