@@ -279,7 +279,9 @@ def _interrupted_report(out: Path, command: str) -> None:
     try:
         with _signals_held():  # no half-imported plotting modules; the signal waits a moment
             from sae.report import write_report
-        write_report(out, resume_command=command)
+            from sae.training import status
+        with status("report"):  # seconds: named as it starts, as a finished run's steps are
+            write_report(out, resume_command=command)
     except (KeyboardInterrupt, Terminated, Exception):  # noqa: BLE001 (the stop goes on)
         return
     print(f"report: {out / 'report.html'}", flush=True)
