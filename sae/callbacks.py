@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -274,6 +275,7 @@ def epoch_line(trainer) -> str:
 
 
 REFRESH_S = 0.2  # the training bar is redrawn after the first step that ends this long after
+TICK_S = 0.5  # and by a thread when nothing drew it for this long (a slow step, figures)
 
 
 class _Bar(Tqdm):
@@ -295,8 +297,9 @@ class ProgressBar(TQDMProgressBar):
 
     * the training bar reads ``Epoch 3/10`` (counted from 1, of the fit's epochs), also when a
       resumed run goes on mid-epoch, and is redrawn after every step that ends
-      :data:`REFRESH_S` or more after the last redraw (and at each epoch's end), so that it moves
-      at least once a second whatever the speed of a step;
+      :data:`REFRESH_S` or more after the last redraw (and at each epoch's end), and by a
+      thread of its own when nothing drew it for :data:`TICK_S` (a slow step, figures being
+      drawn), so that it moves at least once a second;
     * its figures are the training loss and L0 (every ``--log-every`` steps) and, from the
       first validation on, the last validation's FVU, L0 and dead share (``val FVU``, ``val L0``,
       ``dead``), drawn as soon as the validation ends; no ``v_num`` (the logger's version);
@@ -310,6 +313,26 @@ class ProgressBar(TQDMProgressBar):
     def __init__(self):
         super().__init__(refresh_rate=1)
         self._drawn = 0.0  # time.monotonic() of the training bar's last redraw
+        self._ticking: threading.Event | None = None  # set to stop the ticking thread
+
+    def __getstate__(self) -> dict:  # no thread or event in a copy (DDP spawn pickles it)
+        return {**super().__getstate__(), "_ticking": None}
+
+    def _tick(self, stop: threading.Event) -> None:
+        """Redraw the training bar while nothing else does (its clock moves on)."""
+        while not stop.wait(TICK_S / 2):
+            bar = self._train_progress_bar
+            if bar is None or time.monotonic() - self._drawn < TICK_S:
+                continue
+            with bar.get_lock():  # never after its closing drawing: close() draws under it
+                if not bar.disable and not stop.is_set():
+                    bar.refresh(nolock=True)
+                    self._drawn = time.monotonic()
+
+    def _stop_ticking(self) -> None:
+        if self._ticking is not None:
+            self._ticking.set()
+            self._ticking = None
 
     def _bar(self, desc: str, position: int, leave: bool, total=None, initial: int = 0):
         return _Bar(desc=desc, position=position, disable=self.is_disabled, leave=leave,
@@ -351,6 +374,14 @@ class ProgressBar(TQDMProgressBar):
         self.train_progress_bar = self._bar(f"Epoch {epoch_text(trainer)}",
                                             2 * self.process_position, True, total, done)
         self._drawn = time.monotonic()
+        if self.is_enabled and self._ticking is None:
+            self._ticking = threading.Event()
+            threading.Thread(target=self._tick, args=(self._ticking,), daemon=True,
+                             name="progress bar").start()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._stop_ticking()
+        super().on_train_end(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         bar = self.train_progress_bar
@@ -388,6 +419,7 @@ class ProgressBar(TQDMProgressBar):
     def close_bars(self) -> bool:
         """Close the bars still open (validation first), each drawn one last time; whether
         there was one."""
+        self._stop_ticking()
         closed = False
         for name in ("_val_progress_bar", "_train_progress_bar", "_test_progress_bar",
                      "_predict_progress_bar"):

@@ -87,6 +87,18 @@ def test_the_bar_shows_validation_metrics_epochs_count_from_1_and_a_pipe_sees_ea
     assert re.search(r"val L0=\d+\.\d, dead=\d+\.\d %", shown[0][1]), shown[0][1]
     assert all("val FVU=" in f for _, f in frames[frames.index(shown[0]):]
                if f.startswith("Epoch"))  # kept for the rest of the run
+    # the training bar is redrawn at least once a second while it trains (its drawings with
+    # no validation between them)
+    gaps, last = [], None
+    for t, f in frames:
+        if f.startswith("Epoch"):
+            if last is not None:
+                gaps.append(t - last)
+            last = t
+        elif f.startswith("Validation"):
+            last = None
+    print(f"longest time between two drawings of the training bar: {max(gaps):.2f} s")
+    assert max(gaps) < 3
     validation_end = max(t for t, f in frames if f.startswith("Validation")
                          and t <= shown[0][0])
     print(f"validation metrics drawn {shown[0][0] - validation_end:.2f} s after the "
@@ -149,14 +161,21 @@ def screen_lines(data: bytes) -> list[str]:
     return [line.rstrip() for line in lines if line.strip()]
 
 
-TINY = ["--model", "l1", "--hidden", "32", "--limit-train", "1024", "--batch-size", "16",
-        "--val-size", "512", "--limit-test", "256", "--epochs", "3", "--no-figures",
-        "--no-features"]
+TINY = ["--model", "l1", "--hidden", "32", "--batch-size", "16", "--val-size", "512",
+        "--limit-test", "256", "--no-figures", "--no-features"]
+# with its bar: 256 steps an epoch, so that a drawing between its first and last step is seen
+# however fast a step is (drawings are 0.2 s apart)
+WITH_BAR = ["--limit-train", "4096", "--epochs", "2"]
+MID_FIRST_EPOCH = rb"Epoch 1/2: +\d+%\|[^\r\n]*\| +(?:[1-9]|[1-9]\d|1\d\d|2[0-4]\d|25[0-5])/256 "
+# without one: 64 steps an epoch; typed once the first epoch's line is whole
+WITHOUT_BAR = ["--limit-train", "1024", "--epochs", "3", "--progress", "off"]
+AFTER_FIRST_EPOCH = rb"epoch 1/3[^\r\n]*\r\n"
 
 
-def ctrl_c_in_a_terminal(where, data_dir, *extra):
-    """A run (TINY, ``extra``) in a pseudo-terminal of 120 columns, stopped by Ctrl-C typed
-    into it in its second epoch: (run folder, everything the terminal showed, exit code)."""
+def ctrl_c_in_a_terminal(where, data_dir, args, until):
+    """A run (TINY and ``args``) in a pseudo-terminal of 120 columns, stopped by Ctrl-C typed
+    into it once the terminal shows ``until``: (run folder, everything the terminal showed,
+    exit code)."""
     out = where / "run"
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
@@ -164,14 +183,13 @@ def ctrl_c_in_a_terminal(where, data_dir, *extra):
     def controlling_terminal():  # the pseudo-terminal is the run's, as a shell's is
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    proc = subprocess.Popen([sys.executable, "-m", "sae.run", *TINY, *extra, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "sae.run", *TINY, *args, "--out", str(out)],
                             cwd=where, env=cli_env(where, data_dir),
                             stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
                             preexec_fn=controlling_terminal)
     os.close(slave)
-    second_epoch = rb"Epoch 2/3: +\d+%\|[^\r\n]*\| +[1-9]\d*/64" if not extra else rb"epoch 1/3"
     try:
-        shown = read_all(master, proc, until=second_epoch)
+        shown = read_all(master, proc, until=until)
         os.write(master, b"\x03")  # Ctrl-C as typed: the terminal sends SIGINT and echoes ^C
         shown += read_all(master, proc)
         proc.wait(timeout=60)
@@ -184,8 +202,9 @@ def ctrl_c_in_a_terminal(where, data_dir, *extra):
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory, data_dir):
-    """The run stopped by Ctrl-C in its second epoch, with its progress bar."""
-    return ctrl_c_in_a_terminal(tmp_path_factory.mktemp("ctrl_c"), data_dir)
+    """A run with its progress bar, stopped by Ctrl-C in its first epoch."""
+    return ctrl_c_in_a_terminal(tmp_path_factory.mktemp("ctrl_c"), data_dir, WITH_BAR,
+                                MID_FIRST_EPOCH)
 
 
 def test_ctrl_c_closes_the_bar_then_says_the_report_and_lastly_the_resume_command(stopped):
@@ -198,7 +217,7 @@ def test_ctrl_c_closes_the_bar_then_says_the_report_and_lastly_the_resume_comman
     assert re.fullmatch(r"report … \d+\.\d s", lines[-3]), lines[-5:]  # named as it starts
     # the bar, closed at the stop with the step reached, is the line before them
     step = int(read_checkpoint(out / "checkpoints" / "last.ckpt")["global_step"])
-    assert re.match(rf"Epoch 2/3: +\d+%\|.*\| {step - 64}/64 ", lines[-4]), lines[-5:]
+    assert re.match(rf"Epoch 1/2: +\d+%\|.*\| {step}/256 ", lines[-4]), lines[-5:]
     text = shown.decode(errors="replace")
     assert "^Creport" not in text and "^Cinterrupted" not in text
     after_report = text[text.index("report …"):]
@@ -209,20 +228,20 @@ def test_a_run_resumed_mid_epoch_draws_its_epoch_and_warns_of_nothing(stopped, d
     out, _, code = stopped
     assert code == 130
     step = int(read_checkpoint(out / "checkpoints" / "last.ckpt")["global_step"])
-    assert 64 < step < 128  # stopped mid-epoch: the resume goes on within epoch 2
+    assert 0 < step < 256  # stopped mid-epoch: the resume goes on within epoch 1
     run = Timed(["--out", out, "--resume", "--progress", "on"], out.parent, data_dir)
     assert run.wait() == 0, "".join(c for _, c in run.chunks)[-3000:]
     stderr = "".join(c for _, c in run.chunks)
     assert "not resumable" not in stderr, stderr[-2000:]
     bars = [f for _, f in run.frames if "|" in f]
-    assert re.match(rf"Epoch 2/3: +\d+%\|.*\| {step - 64}/64 ", bars[0]), bars[:2]
+    assert re.match(rf"Epoch 1/2: +\d+%\|.*\| {step}/256 ", bars[0]), bars[:2]
     assert "Training" not in stderr
     assert [ln.split(" · ")[0] for ln in run.stdout if ln.startswith("epoch ")] == \
-        ["epoch 2/3", "epoch 3/3"]
+        ["epoch 1/2", "epoch 2/2"]
 
 
 def test_ctrl_c_without_a_bar_puts_the_echoed_ctrl_c_on_a_line_of_its_own(tmp_path, data_dir):
-    out, shown, code = ctrl_c_in_a_terminal(tmp_path, data_dir, "--progress", "off")
+    out, shown, code = ctrl_c_in_a_terminal(tmp_path, data_dir, WITHOUT_BAR, AFTER_FIRST_EPOCH)
     assert code == 130, shown[-3000:]
     lines = screen_lines(shown)
     command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
