@@ -101,7 +101,7 @@ def _importing(on_stop):
 def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     """The run's checked settings and, with --data, the record of its data (read and checked
     in full, on resume compared with the run's), all before the run folder is touched."""
-    from sae.rundata import check_data, check_split
+    from sae.rundata import check_data, check_split, header_record
 
     config = run_config(argv)
     check_devices(config, on_stop)
@@ -109,6 +109,7 @@ def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
         check_data(config)  # a resumed --data run needs its data
         check_split(config.settings())  # from the training file's header
         return config, None
+    check_split(config.settings(), header_record(config.settings()))  # at once, before torch
     with _importing(on_stop):  # numpy, torch and Lightning
         import sae.matrixdata  # noqa: F401
     # reading and checking every file (seconds for a large one) is not held: Ctrl-C or SIGTERM

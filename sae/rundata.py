@@ -20,7 +20,7 @@ from sae.config import RunConfig
 from sae.setting import UsageError
 
 __all__ = ["RECORD", "changed_data", "check_data", "check_split", "check_sweep_data",
-           "current_sha256",
+           "current_sha256", "header_record",
            "read_record", "same_data", "write_record"]
 
 RECORD = "data.json"  # in the run folder: sae.matrix.describe of the data it trains on
@@ -168,6 +168,24 @@ def _image_count(dataset: str, data_dir) -> int | None:
             raise UsageError(not_found(dataset, data_dir, offline=True))
         return None
     return training_images(folder)
+
+
+def header_record(settings: dict) -> dict | None:
+    """The rows of a plain ``.npy`` ``--data`` file from its header alone (numpy, no torch):
+    enough for :func:`check_split` to refuse a split before the data's full check, which
+    imports torch (seconds); None for a manifest or a header that does not read (the full
+    check says why)."""
+    data = settings.get("data")
+    if not data or Path(data).suffix.lower() == ".json":
+        return None
+    from sae.npyfile import NpyError, open_npy, read_header
+
+    try:
+        with open_npy(Path(data).expanduser()) as f:
+            shape = read_header(f, data).shape
+    except (NpyError, OSError):
+        return None
+    return {"train": {"shape": list(shape)}, "test": None} if len(shape) == 2 else None
 
 
 def check_split(settings: dict, record: dict | None = None) -> None:
