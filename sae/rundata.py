@@ -173,19 +173,24 @@ def _image_count(dataset: str, data_dir) -> int | None:
 def header_record(settings: dict) -> dict | None:
     """The rows of a plain ``.npy`` ``--data`` file from its header alone (numpy, no torch):
     enough for :func:`check_split` to refuse a split before the data's full check, which
-    imports torch (seconds); None for a manifest or a header that does not read (the full
-    check says why)."""
+    imports torch and reads every row (seconds); None for a manifest or a header the full
+    check refuses (it says why)."""
     data = settings.get("data")
     if not data or Path(data).suffix.lower() == ".json":
         return None
+    from sae.matrix import FLOAT_DTYPES
     from sae.npyfile import NpyError, open_npy, read_header
 
     try:
         with open_npy(Path(data).expanduser()) as f:
-            shape = read_header(f, data).shape
+            header = read_header(f, data)
     except (NpyError, OSError):
         return None
-    return {"train": {"shape": list(shape)}, "test": None} if len(shape) == 2 else None
+    shape = header.shape
+    # a matrix the full check would refuse from its header is refused for that reason first
+    usable = len(shape) == 2 and shape[0] >= 2 and shape[1] >= 1 \
+        and header.dtype.type in FLOAT_DTYPES
+    return {"train": {"shape": list(shape)}, "test": None} if usable else None
 
 
 def check_split(settings: dict, record: dict | None = None) -> None:
