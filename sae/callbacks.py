@@ -300,7 +300,7 @@ class ProgressBar(TQDMProgressBar):
       :data:`REFRESH_S` or more after the last redraw (and at each epoch's end), and by a
       thread of its own when nothing drew it for :data:`TICK_S` (a slow step, figures being
       drawn), so that it moves at least once a second;
-    * its figures are the training loss and L0 (every ``--log-every`` steps) and, from the
+    * its numbers are the training loss and L0 (every ``--log-every`` steps) and, from the
       first validation on, the last validation's FVU, L0 and dead share (``val FVU``, ``val L0``,
       ``dead``), drawn as soon as the validation ends; no ``v_num`` (the logger's version);
     * on a stop (Ctrl-C, an error) the bars are closed at once with the step reached, so
@@ -363,7 +363,6 @@ class ProgressBar(TQDMProgressBar):
                 items[text] = f"{scale * validated[key]:{fmt}}" + (" %" if scale == 100 else "")
         return items
 
-
     def on_train_start(self, trainer, pl_module) -> None:
         # drawn first as the epoch it starts in: a run resumed mid-epoch goes on without a new
         # epoch (no on_train_epoch_start), where the checkpoint's step is in its epoch
@@ -413,7 +412,7 @@ class ProgressBar(TQDMProgressBar):
         bar.reset(total=total if isinstance(total, int) else None)  # drawn
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        super().on_validation_end(trainer, pl_module)  # the validation's figures, drawn now
+        super().on_validation_end(trainer, pl_module)  # its metrics in the bar, drawn now
         self._drawn = time.monotonic()
 
     def close_bars(self) -> bool:
