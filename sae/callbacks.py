@@ -11,6 +11,11 @@ run's settings with its final test metrics for TensorBoard's HParams view.
 
 from __future__ import annotations
 
+import math
+import sys
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -18,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from sae import figures, metrics
@@ -32,23 +38,34 @@ def write_png(rgb: np.ndarray, path: Path) -> None:
     sae_io.write_png(path, rgb)
 
 
+@contextmanager
+def _silent(label: str):
+    yield
+
+
 class FigureCallback(L.Callback):
-    """Save ``<out_dir>/<kind>/epoch_<E>.png`` every ``every_n_epochs`` epochs and at the end.
+    """Save ``<out_dir>/<kind>/epoch_<E>.png`` every ``every_n_epochs`` epochs and at the end,
+    E counted from 1 (``epoch_1.png`` is drawn after the first epoch).
 
     ``every_n_epochs = 0`` renders only once, after training, from the last validation. Figures
-    also go to TensorBoard when that logger is active.
+    also go to TensorBoard when that logger is active (tagged by kind, at the validation's step;
+    each figure's title names its epoch and step).
     """
 
     def __init__(self, out_dir: str | Path, every_n_epochs: int = 0,
                  class_names: list[str] | None = None, n_atoms: int = 64, n_examples: int = 16,
-                 images: bool = True):
+                 images: bool = True, announce=None):
         self.out_dir = Path(out_dir)
+        # a context manager factory, announce(label), around the drawing after training (a
+        # finishing step's status line, sae.training.status); None: drawn silently
+        self.announce = announce
         self.images = images  # inputs are 28x28 images (else rows of activations)
         self.every_n_epochs = every_n_epochs
         self.class_names = class_names or [str(i) for i in range(10)]
         self.n_atoms, self.n_examples = n_atoms, n_examples
         self.stats: dict | None = None  # last validation's statistics (rank 0, numpy)
         self.rendered_epochs: set[int] = set()
+        self._due = False  # the last validation's figures are to be drawn at its end
         self.label = ""  # run_label of the run, known from the first validation
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
@@ -83,7 +100,7 @@ class FigureCallback(L.Callback):
             return
         n = class_count.sum().clamp_min(1)
         self.stats = {
-            "epoch": trainer.current_epoch,
+            "epoch": trainer.current_epoch + 1,  # counted from 1, as the terminal counts it
             "step": trainer.global_step,
             "freq": (class_fires.sum(0) / n).cpu().numpy(),
             "class_freq": (class_fires / class_count.clamp_min(1)[:, None]).cpu().numpy(),
@@ -95,8 +112,14 @@ class FigureCallback(L.Callback):
         }
         self._histograms(trainer)
         epoch = trainer.current_epoch
-        if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0:
+        # drawn at the validation's end (on_validation_end), after the progress bar and the
+        # epoch's line have shown its metrics: drawing takes seconds
+        self._due = bool(self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._due and trainer.is_global_zero and not trainer.sanity_checking:
             self.render(trainer)
+        self._due = False
 
     def _histograms(self, trainer) -> None:
         """Per-input L0 and log10 firing frequency of the live units, to TensorBoard."""
@@ -112,7 +135,8 @@ class FigureCallback(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero and self.stats is not None:
             if self.stats["epoch"] not in self.rendered_epochs:
-                self.render(trainer)
+                with (self.announce or _silent)("figures"):
+                    self.render(trainer)
 
     def render(self, trainer) -> list[Path]:
         """Plot the last statistics; write PNGs and send them to TensorBoard."""
@@ -128,14 +152,17 @@ def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str
     ``<out_dir>/<kind>/epoch_<E>.png``, and to each TensorBoard logger given.
 
     Every figure's title starts with the run's dataset, model and sparsity setting
-    (:func:`run_label`) and the data it was drawn from (the validation set, while the run's
-    metrics are the test set's), so a PNG shown alone (the gallery) says what it is. Without
+    (:func:`run_label`), the data it was drawn from (the validation set, while the run's
+    metrics are the test set's) and its epoch (from 1) and step, so a PNG shown alone (the
+    gallery) or in TensorBoard says what it is. Without
     ``images`` (activations of any D) the reconstructions, drawn as 28x28 pixels, are left out;
     the atoms are drawn as heatmaps of their D values.
     """
     s = stats
     n_shown = len(s["x"])
-    header = " · ".join(p for p in (label, f"validation set ({len(s['labels']):,} images)") if p)
+    when = f"epoch {s['epoch']}, step {s['step']:,}" if s.get("epoch") else ""
+    header = " · ".join(p for p in (label, f"validation set ({len(s['labels']):,} images)", when)
+                        if p)
     made = {
         "decoder_atoms": figures.decoder_atoms(s["atoms"], s["freq"], n=n_atoms),
         "reconstructions": figures.reconstructions(
@@ -198,9 +225,10 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     model = model_from_checkpoint(state)
     dm = data_module(settings)
     dm.setup()
-    # named after the last validated epoch, as the callback would have named them
+    # named after the last validated epoch (counted from 1; metrics.csv, as Lightning writes
+    # it, from 0), as the callback would have named them
     validated = read_validation(run_dir / "metrics.csv")
-    epoch = validated[-1]["epoch"] if validated else int(state.get("epoch", 0))
+    epoch = validated[-1]["epoch"] + 1 if validated else max(1, int(state.get("epoch", 0)))
     stats = validation_stats(model, dm.val_x, dm.val_y, len(dm.class_names), epoch=epoch,
                              step=int(state.get("global_step", 0)))
     config = SAEConfig.from_dict(state["hyper_parameters"]["config"])
@@ -208,33 +236,224 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
                           dm.class_names, images=not settings.get("data"))
 
 
+def epochs_of(trainer) -> int | None:
+    """The epochs a fit runs: ``max_epochs``, or fewer when ``max_steps`` ends it first."""
+    total = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 \
+        else None
+    per_epoch = trainer.num_training_batches
+    if trainer.max_steps > 0 and isinstance(per_epoch, int) and per_epoch > 0:
+        by_steps = math.ceil(trainer.max_steps / per_epoch)
+        total = by_steps if total is None else min(total, by_steps)
+    return total
+
+
+def epoch_text(trainer) -> str:
+    """``3/10``: the epoch in progress counted from 1, of the fit's epochs."""
+    total = epochs_of(trainer)
+    return f"{trainer.current_epoch + 1}" + (f"/{total}" if total else "")
+
+
+# (metric, its name on screen, format, scale): the validation metrics after each validation
+VALIDATION_SHOWN = (("val/fvu", "val FVU", ".4f", 1), ("val/l0", "L0", ".1f", 1),
+                    ("val/dead_fraction", "dead", ".1f", 100))
+
+
+def _scalars(metrics) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()
+            if not isinstance(v, torch.Tensor) or v.numel() == 1}
+
+
+def epoch_line(trainer) -> str:
+    """``epoch 3/10 · step 645 · loss 0.1523 · val FVU 0.1498 · L0 31.2 · dead 0.4 %``: what a
+    validation says, as :class:`EpochLines` prints it."""
+    m = _scalars(trainer.callback_metrics)
+    parts = [f"epoch {epoch_text(trainer)}", f"step {trainer.global_step}"]
+    for key, text, fmt, scale in (("train/loss", "loss", ".4f", 1), *VALIDATION_SHOWN):
+        if key in m:
+            parts.append(f"{text} {scale * m[key]:{fmt}}" + (" %" if scale == 100 else ""))
+    return " · ".join(parts)
+
+
+REFRESH_S = 0.2  # the training bar is redrawn after the first step that ends this long after
+TICK_S = 0.5  # and by a thread when nothing drew it for this long (a slow step, figures)
+
+
+class _Bar(Tqdm):
+    """Lightning's tqdm bar, three columns narrower than the terminal: the ``^C`` a terminal
+    echoes after it then stays on its line instead of wrapping to the next, where the bar's
+    last drawing would follow it."""
+
+    @property
+    def format_dict(self):
+        d = super().format_dict
+        if d.get("ncols"):
+            d["ncols"] = max(10, d["ncols"] - 3)
+        return d
+
+
 class ProgressBar(TQDMProgressBar):
-    """Lightning's progress bar without ``v_num`` (the logger's version: a run folder has one
-    session name per start, which says nothing while training)."""
+    """Lightning's progress bars, on stderr (stdout holds the run's lines), as a terminal shows
+    them:
+
+    * the training bar reads ``Epoch 3/10`` (counted from 1, of the fit's epochs), also when a
+      resumed run goes on mid-epoch, and is redrawn after every step that ends
+      :data:`REFRESH_S` or more after the last redraw (and at each epoch's end), and by a
+      thread of its own when nothing drew it for :data:`TICK_S` (a slow step, figures being
+      drawn), so that it moves at least once a second;
+    * its numbers are the training loss and L0 (every ``--log-every`` steps) and, from the
+      first validation on, the last validation's FVU, L0 and dead share (``val FVU``, ``val L0``,
+      ``dead``), drawn as soon as the validation ends; no ``v_num`` (the logger's version);
+    * on a stop (Ctrl-C, an error) the bars are closed at once with the step reached, so
+      whatever the run says next starts on a line of its own and no bar is drawn again later.
+
+    It must come first among the run's callbacks: a step's count is drawn before a callback
+    after it can stop the run at that step's end.
+    """
+
+    def __init__(self):
+        super().__init__(refresh_rate=1)
+        self._drawn = 0.0  # time.monotonic() of the training bar's last redraw
+        self._ticking: threading.Event | None = None  # set to stop the ticking thread
+
+    def __getstate__(self) -> dict:  # no thread or event in a copy (DDP spawn pickles it)
+        return {**super().__getstate__(), "_ticking": None}
+
+    def _tick(self, stop: threading.Event) -> None:
+        """Redraw the training bar while nothing else does (its clock moves on)."""
+        while not stop.wait(TICK_S / 2):
+            bar = self._train_progress_bar
+            if bar is None or time.monotonic() - self._drawn < TICK_S:
+                continue
+            with bar.get_lock():  # never after its closing drawing: close() draws under it
+                if not bar.disable and not stop.is_set():
+                    bar.refresh(nolock=True)
+                    self._drawn = time.monotonic()
+
+    def _stop_ticking(self) -> None:
+        if self._ticking is not None:
+            self._ticking.set()
+            self._ticking = None
+
+    def _bar(self, desc: str, position: int, leave: bool, total=None, initial: int = 0):
+        return _Bar(desc=desc, position=position, disable=self.is_disabled, leave=leave,
+                    dynamic_ncols=True, file=sys.stderr, smoothing=0,
+                    bar_format=self.BAR_FORMAT, total=total, initial=initial)
+
+    def init_sanity_tqdm(self):
+        return self._bar(self.sanity_check_description, 2 * self.process_position, False)
+
+    def init_train_tqdm(self):
+        return self._bar(self.train_description, 2 * self.process_position, True)
+
+    def init_validation_tqdm(self):
+        main_bar = self.trainer.state.fn != "validate"
+        return self._bar(self.validation_description, 2 * self.process_position + main_bar,
+                         not main_bar)
 
     def get_metrics(self, trainer, pl_module) -> dict:
-        items = super().get_metrics(trainer, pl_module)
-        items.pop("v_num", None)
+        bar = _scalars(trainer.progress_bar_metrics)
+        items = {}
+        for key, text in (("train/loss", "loss"), ("train/l0", "L0")):
+            if key in bar:
+                items[text] = f"{bar[key]:.4g}"
+        validated = _scalars(trainer.callback_metrics)
+        for key, text, fmt, scale in VALIDATION_SHOWN:
+            if key in validated:
+                text = "val L0" if text == "L0" else text
+                items[text] = f"{scale * validated[key]:{fmt}}" + (" %" if scale == 100 else "")
         return items
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # drawn first as the epoch it starts in: a run resumed mid-epoch goes on without a new
+        # epoch (no on_train_epoch_start), where the checkpoint's step is in its epoch
+        total = trainer.num_training_batches
+        total = total if isinstance(total, int) and total > 0 else None
+        done = min(max(trainer.global_step - trainer.current_epoch * total, 0), total) \
+            if total else 0
+        self.train_progress_bar = self._bar(f"Epoch {epoch_text(trainer)}",
+                                            2 * self.process_position, True, total, done)
+        self._drawn = time.monotonic()
+        if self.is_enabled and self._ticking is None:
+            self._ticking = threading.Event()
+            threading.Thread(target=self._tick, args=(self._ticking,), daemon=True,
+                             name="progress bar").start()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._stop_ticking()
+        super().on_train_end(trainer, pl_module)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        bar = self.train_progress_bar
+        total = trainer.num_training_batches
+        bar.set_description(f"Epoch {epoch_text(trainer)}", refresh=False)
+        bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+        bar.reset(total=total if isinstance(total, int) else None)  # drawn
+        self._drawn = time.monotonic()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        bar = self._train_progress_bar
+        if bar is None or bar.disable:
+            return
+        bar.n = batch_idx + 1  # drawn now or later: a stop closes the bar with this count
+        now = time.monotonic()
+        if now - self._drawn >= REFRESH_S or bar.n == bar.total:
+            bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+            bar.refresh()
+            self._drawn = now
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx,
+                                  dataloader_idx: int = 0) -> None:
+        if not self.has_dataloader_changed(dataloader_idx):
+            return
+        bar = self.val_progress_bar  # one loader: "Validation", without "DataLoader 0"
+        total = self.total_val_batches_current_dataloader
+        bar.set_description(self.sanity_check_description if trainer.sanity_checking
+                            else self.validation_description, refresh=False)
+        bar.reset(total=total if isinstance(total, int) else None)  # drawn
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)  # its metrics in the bar, drawn now
+        self._drawn = time.monotonic()
+
+    def close_bars(self) -> bool:
+        """Close the bars still open (validation first), each drawn one last time; whether
+        there was one."""
+        self._stop_ticking()
+        closed = False
+        for name in ("_val_progress_bar", "_train_progress_bar", "_test_progress_bar",
+                     "_predict_progress_bar"):
+            bar = getattr(self, name)
+            if bar is not None and not bar.disable:
+                bar.close()
+                closed = True
+        return closed
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        from sae.process import line_ended
+
+        if self.close_bars():  # the training bar is kept: its line ends with it
+            line_ended()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.close_bars()
 
 
 class EpochLines(L.Callback):
-    """One line on stdout per validation, for output that is not a terminal (a log, a pipe):
-    ``epoch 3/10 · step 645 · loss 0.1523 · val FVU 0.1498 · L0 31.2 · dead 0.4 %``."""
+    """One line on stdout per validation (:func:`epoch_line`), kept: in a log or a pipe, and on
+    a terminal above the progress bar (written through tqdm, which clears and redraws it)."""
 
     def on_validation_end(self, trainer, pl_module) -> None:  # after the model logged
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
-        m = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-        parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}",
-                 f"step {trainer.global_step}"]
-        for key, text, fmt, scale in (("train/loss", "loss", ".4f", 1),
-                                      ("val/fvu", "val FVU", ".4f", 1),
-                                      ("val/l0", "L0", ".1f", 1),
-                                      ("val/dead_fraction", "dead", ".1f", 100)):
-            if key in m:
-                parts.append(f"{text} {scale * m[key]:{fmt}}" + (" %" if scale == 100 else ""))
-        print(" · ".join(parts), flush=True)
+        line = epoch_line(trainer)
+        bar = trainer.progress_bar_callback
+        if isinstance(bar, ProgressBar) and bar.is_enabled:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
 
 
 class EpochSeed(L.Callback):
@@ -272,6 +491,11 @@ class EpochSeed(L.Callback):
         if isinstance(sampler, EpochShuffle):
             sampler.load_state_dict({"epoch": resume[0],
                                      "served": self.batches * loader.batch_size})
+            # the resume is exact: Lightning, which sees a loader without a state of its own,
+            # would warn that it is not resumable
+            import warnings
+
+            warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
         self._continued = resume[0]
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

@@ -34,7 +34,15 @@ from sae.config import (
 )
 from sae.io import UnsafePathError, read_bytes, write_text
 from sae.process import RUN_DIR_ENV
-from sae.setting import Setting, UsageError, check_fields, convert, setting_of, shown
+from sae.setting import (
+    Setting,
+    UsageError,
+    check_fields,
+    convert,
+    did_you_mean,
+    setting_of,
+    shown,
+)
 from sae.variants import uses_lambda
 
 __all__ = ["LAUNCHER_ENV", "SETTINGS", "OneLineParser", "Setting", "UsageError", "build_parser",
@@ -60,10 +68,47 @@ BY_KEY = {alias: s for s in SETTINGS.values()
 class OneLineParser(argparse.ArgumentParser):
     """The parser of every ``python -m sae.*`` command: a usage error is a :class:`UsageError`,
     which the command prints as one ``error:`` line with exit code 2 (argparse would print the
-    usage too)."""
+    usage too); a misspelt flag or choice names the closest one (``did you mean --lambda?``)."""
 
     def error(self, message: str):
         raise UsageError(message)
+
+    def flags(self) -> list[str]:
+        """Every option string this parser takes (``--lambda``, ``--help``, ...)."""
+        return [flag for action in self._actions for flag in action.option_strings]
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(unrecognized(extra, self.flags()))
+        return parsed
+
+    def _check_value(self, action, value):  # argparse's choices= (other commands' flags)
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            raise argparse.ArgumentError(
+                action, str(e).split(": ", 1)[-1] + did_you_mean(value, action.choices)) \
+                from None
+
+
+def unrecognized(extra: list[str], flags) -> str:
+    """argparse's "unrecognized arguments" message, with the flag each misspelt one is closest
+    to: ``unrecognized arguments: --lamda 0.1; did you mean --lambda?``."""
+    hints = []
+    for arg in extra:
+        if arg.startswith("--"):
+            hint = did_you_mean(arg.split("=", 1)[0], flags)
+            if hint:
+                hints.append((arg.split("=", 1)[0], hint[len("; did you mean "):-1]))
+    given = " ".join(extra)
+    text = f"unrecognized arguments: {given if len(given) <= 200 else given[:197] + '...'}"
+    if len(hints) == 1:
+        return f"{text}; did you mean {hints[0][1]}?"
+    if hints:
+        return f"{text}; did you mean " + ", ".join(f"{right} (for {wrong})"
+                                                     for wrong, right in hints) + "?"
+    return text
 
 
 def path_arg(text: str) -> Path:
@@ -284,8 +329,9 @@ def check_mapping(mapping, where: str, exclude: frozenset = frozenset(),
     for key, value in mapping.items():
         s = BY_KEY.get(key) if isinstance(key, str) else None
         if s is None or not s.file:
-            raise UsageError(f"{where}: unknown setting {shown(key)} "
-                             "(see python -m sae.run --help)")
+            known = [k for k, v in BY_KEY.items() if v.file]
+            raise UsageError(f"{where}: unknown setting {shown(key)}"
+                             f"{did_you_mean(key, known)} (see python -m sae.run --help)")
         if s.name in exclude:
             raise UsageError(f"{where}: {shown(key)} cannot be set here")
         if s.name in out:

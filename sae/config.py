@@ -330,7 +330,7 @@ class DataConfig:
     val_size: int = setting(5000, "validation images carved from train (fixed split seed)",
                             low=1)
     limit_train: int | None = setting(None, "use only this many training images (quick runs)",
-                                      low=1, nullable=True)
+                                      low=2, nullable=True)  # training needs two
     limit_test: int | None = setting(None, "use only this many test images", low=1,
                                      nullable=True)
 

@@ -27,17 +27,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-DATASETS: dict[str, str] = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+from sae.imagefiles import (  # noqa: F401 (where the files are found: sae.imagefiles)
+    DATASETS,
+    IDX_FILES,
+    cache_folder,
+    candidate_folders,
+    default_cache_dir,
+)
+from sae.imagefiles import has_any_idx as _has_any_idx
+from sae.imagefiles import idx_path as _idx_path
+
 CLASS_NAMES: dict[str, list[str]] = {
     "mnist": [str(d) for d in range(10)],
     "fashion-mnist": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                       "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"],
-}
-IDX_FILES = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
 }
 MAX_IDX_BYTES = 256 << 20  # five times the largest file of either dataset (47 MB)
 IMAGE_SHAPE = (28, 28)  # both datasets; the figures and pages draw 28x28 images
@@ -95,13 +98,6 @@ class ImageArrays:
         return ImageArrays(self.train_images.copy(), self.train_labels.copy(),
                            self.test_images.copy(), self.test_labels.copy(), self.source,
                            self.stamp)
-
-
-def _idx_path(folder: Path, stem: str) -> Path | None:
-    for name in (stem, stem + ".gz"):
-        if (folder / name).is_file():
-            return folder / name
-    return None
 
 
 def _read_folder(folder: Path) -> ImageArrays:
@@ -192,29 +188,6 @@ class _Split:
 
 
 _SPLITS: dict[tuple, _Split] = {}  # (files' stamp, split settings) -> the split, both datasets
-
-
-def _has_any_idx(folder: Path) -> bool:
-    return any(_idx_path(folder, stem) for stem in IDX_FILES.values())
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SAE_CACHE_DIR", Path.home() / ".cache" / "sae"))
-
-
-def cache_folder(cache_dir: str | Path | None) -> Path:
-    """The data cache folder a ``cache_dir`` setting names (None: :func:`default_cache_dir`)."""
-    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-
-
-def candidate_folders(dataset: str, data_dir: Path | None, cache_dir: Path) -> list[Path]:
-    """Folders that may hold the IDX files, in the order they are tried."""
-    class_name = DATASETS[dataset]
-    folders = []
-    if data_dir is not None:
-        folders += [data_dir / dataset, data_dir / class_name / "raw", data_dir]
-    folders.append(cache_dir / class_name / "raw")
-    return folders
 
 
 def load_arrays(dataset: str, data_dir: str | Path | None = None,

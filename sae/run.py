@@ -47,9 +47,12 @@ from sae.process import (
     EXIT_USAGE,
     RUN_DIR_ENV,
     Terminated,
+    end_process,
     exit_now,
     importing,
     is_primary_process,
+    line_ended,
+    new_line_after_ctrl_c,
     raise_terminated,
     running_as,
     stop_code,
@@ -98,18 +101,21 @@ def _importing(on_stop):
 def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     """The run's checked settings and, with --data, the record of its data (read and checked
     in full, on resume compared with the run's), all before the run folder is touched."""
-    from sae.rundata import check_data
+    from sae.rundata import check_data, check_split, header_record
 
     config = run_config(argv)
     check_devices(config, on_stop)
     if not config.data.data:
         check_data(config)  # a resumed --data run needs its data
+        check_split(config.settings())  # from the training file's header
         return config, None
+    check_split(config.settings(), header_record(config.settings()))  # at once, before torch
     with _importing(on_stop):  # numpy, torch and Lightning
         import sae.matrixdata  # noqa: F401
     # reading and checking every file (seconds for a large one) is not held: Ctrl-C or SIGTERM
     # stops it at once, with nothing written
     record = check_data(config)
+    check_split(config.settings(), record)
     config.sae.input_dim = int(record["train"]["shape"][1])
     check_model(config.sae)
     return config, record
@@ -161,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM is one line and exit 143 from here on, during the imports too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
+    line_ended(False)
     primary = is_primary_process()
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
@@ -209,6 +216,8 @@ def _stopped_early(e: BaseException, say) -> int:
     global QUICK_EXIT
     with _signals_held(drop=True):
         QUICK_EXIT = True
+        if isinstance(e, KeyboardInterrupt):
+            new_line_after_ctrl_c()
         say(f"{'terminated' if isinstance(e, Terminated) else 'interrupted'} before training "
             "started; nothing was written")
     return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
@@ -271,7 +280,9 @@ def _interrupted_report(out: Path, command: str) -> None:
     try:
         with _signals_held():  # no half-imported plotting modules; the signal waits a moment
             from sae.report import write_report
-        write_report(out, resume_command=command)
+            from sae.training import status
+        with status("report"):  # seconds: named as it starts, as a finished run's steps are
+            write_report(out, resume_command=command)
     except (KeyboardInterrupt, Terminated, Exception):  # noqa: BLE001 (the stop goes on)
         return
     print(f"report: {out / 'report.html'}", flush=True)
@@ -288,6 +299,8 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
 def _stopped(config: RunConfig, out: Path, created: bool, primary: bool, say, what: str,
              code: int, report: bool = True) -> int:
     global QUICK_EXIT
+    if code == EXIT_INTERRUPTED and primary:
+        new_line_after_ctrl_c()  # the report's line and the resume command start a line
     has_checkpoint = (out / "checkpoints" / "last.ckpt").is_file()
     if has_checkpoint or config.folder.resume is not None:
         command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
@@ -306,4 +319,4 @@ if __name__ == "__main__":
     code = main()
     if QUICK_EXIT:
         exit_now(code)
-    sys.exit(code)
+    end_process(code)  # within a fraction of a second of the last line

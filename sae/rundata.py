@@ -19,7 +19,8 @@ from pathlib import Path
 from sae.config import RunConfig
 from sae.setting import UsageError
 
-__all__ = ["RECORD", "changed_data", "check_data", "check_sweep_data", "current_sha256",
+__all__ = ["RECORD", "changed_data", "check_data", "check_split", "check_sweep_data",
+           "current_sha256", "header_record",
            "read_record", "same_data", "write_record"]
 
 RECORD = "data.json"  # in the run folder: sae.matrix.describe of the data it trains on
@@ -151,6 +152,79 @@ def check_data(config: RunConfig) -> dict | None:
     return record
 
 
+MIN_TRAIN_ROWS = 2  # what training needs (sae.training.load_data refuses fewer)
+
+
+def _image_count(dataset: str, data_dir) -> int | None:
+    """The training images the dataset's files say they hold; None where the files are not
+    found but may still be downloaded, or cannot tell. Offline and not found: UsageError."""
+    import os
+
+    from sae.imagefiles import find_folder, not_found, training_images
+
+    folder = find_folder(dataset, data_dir)
+    if folder is None:
+        if os.environ.get("SAE_OFFLINE"):  # nothing will be downloaded: say so now
+            raise UsageError(not_found(dataset, data_dir, offline=True))
+        return None
+    return training_images(folder)
+
+
+def header_record(settings: dict) -> dict | None:
+    """The rows of a plain ``.npy`` ``--data`` file from its header alone (numpy, no torch):
+    enough for :func:`check_split` to refuse a split before the data's full check, which
+    imports torch and reads every row (seconds); None for a manifest or a header the full
+    check refuses (it says why)."""
+    data = settings.get("data")
+    if not data or Path(data).suffix.lower() == ".json":
+        return None
+    from sae.matrix import FLOAT_DTYPES
+    from sae.npyfile import NpyError, open_npy, read_header
+
+    try:
+        with open_npy(Path(data).expanduser()) as f:
+            header = read_header(f, data)
+    except (NpyError, OSError):
+        return None
+    shape = header.shape
+    # a matrix the full check would refuse from its header is refused for that reason first
+    usable = len(shape) == 2 and shape[0] >= 2 and shape[1] >= 1 \
+        and header.dtype.type in FLOAT_DTYPES
+    return {"train": {"shape": list(shape)}, "test": None} if usable else None
+
+
+def check_split(settings: dict, record: dict | None = None) -> None:
+    """Refuse split settings that the data cannot hold, before any work: a ``--val-size``
+    (and as many test rows, carved from the training rows when the data has no test split)
+    that leaves fewer than 2 rows to train on. ``settings``: a run's flat settings; ``record``:
+    its ``--data`` record (:func:`check_data`), None for images (their files' header is read).
+    Raises UsageError."""
+    val = int(settings.get("val_size") or 0)
+    if settings.get("data"):
+        if record is None:
+            return
+        n, carved = int(record["train"]["shape"][0]), 1 if record.get("test") else 2
+        holds = f"--data {settings['data']} has {n:,} training rows"
+        unit = "rows"
+    else:
+        dataset = settings.get("dataset", "mnist")
+        n, carved = _image_count(dataset, settings.get("data_dir")), 1
+        if n is None:
+            return
+        holds, unit = f"{dataset} has {n:,} training images", "images"
+    if carved * val + MIN_TRAIN_ROWS <= n:
+        return
+    from sae.cli import SETTINGS
+
+    default = " (the default)" if val == SETTINGS["val_size"].default else ""
+    test = " and as many test rows (it has no test split)" if carved == 2 else ""
+    most = (n - MIN_TRAIN_ROWS) // carved
+    fix = f"give --val-size {most:,} or less" if most >= 1 else \
+        f"training needs more {unit}"
+    raise UsageError(f"--val-size {val:,}{default}: {holds}, too few for {val:,} validation "
+                     f"{unit}{test} and at least {MIN_TRAIN_ROWS} to train on; {fix}")
+
+
 def check_sweep_data(sweep_dir: Path, runs) -> None:
     """Check each data file of a sweep's runs once, and refuse a sweep whose started runs were
     trained on other data than their file holds now (a changed file would mix two data sets in
@@ -174,6 +248,11 @@ def check_sweep_data(sweep_dir: Path, runs) -> None:
         why = None if recorded is None else same_data(records[data], recorded, data)
         if why:
             raise UsageError(f"{Path(sweep_dir) / run.rel} was trained on other data: {why}")
+    for run in runs:  # a split the data cannot hold fails every run: refused before the first
+        try:
+            check_split(run.settings, records.get(run.settings.get("data") or ""))
+        except UsageError as e:
+            raise UsageError(f"{run.rel}: {e}") from None
 
 
 def write_record(out: Path, record: dict) -> None:

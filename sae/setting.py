@@ -11,7 +11,8 @@ from __future__ import annotations
 import reprlib
 from dataclasses import Field, dataclass, field, fields
 
-__all__ = ["Setting", "UsageError", "check_fields", "convert", "setting", "setting_of", "shown"]
+__all__ = ["Setting", "UsageError", "check_fields", "convert", "did_you_mean", "setting",
+           "setting_of", "shown"]
 
 
 class UsageError(Exception):
@@ -83,6 +84,19 @@ def shown(value, limit: int = 80) -> str:
     value read from a file can be megabytes long)."""
     text = _SHORT.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def did_you_mean(word, candidates) -> str:
+    """``"; did you mean X?"`` for the candidate closest to a misspelt ``word`` (``--lamda``:
+    ``--lambda``, ``sparsmax``: ``sparsemax``), or "" when none is close."""
+    import difflib
+
+    if not isinstance(word, str) or len(word) > 200:
+        return ""
+    # flags are compared without their dashes: --foo is not close to --rho
+    bare = {str(c).lstrip("-"): str(c) for c in candidates}
+    close = difflib.get_close_matches(word.lstrip("-"), list(bare), n=1, cutoff=0.6)
+    return f"; did you mean {bare[close[0]]}?" if close else ""
 
 
 def _number_text(x) -> str:
@@ -165,7 +179,8 @@ def convert(s: Setting, value, text: bool = False):
         raise ValueError(f"expected text, got {shown(value)}")
     value = str(value)
     if s.choices is not None and value not in s.choices:
-        raise ValueError(f"must be one of {', '.join(map(str, s.choices))}, got {shown(value)}")
+        raise ValueError(f"must be one of {', '.join(map(str, s.choices))}, got {shown(value)}"
+                         + did_you_mean(value, s.choices))
     return value
 
 

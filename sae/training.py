@@ -117,14 +117,12 @@ def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks:
         # DDP ranks see shorter epochs
         val_interval, val_every_epochs = training.max_steps, None
     show_progress = progress == "on" or (progress == "auto" and sys.stderr.isatty())
-    if show_progress:
-        from sae.callbacks import ProgressBar
+    from sae.callbacks import EpochLines, ProgressBar
 
-        callbacks = [*callbacks, ProgressBar(refresh_rate=20)]
-    else:  # a log file or a pipe: one line per validation instead of a bar
-        from sae.callbacks import EpochLines
-
-        callbacks = [*callbacks, EpochLines()]
+    # a line per validation always (stdout); on a terminal a bar too (stderr); both first
+    # among the callbacks: a step is drawn before a later one can stop the run at its end, and
+    # a validation's metrics are shown before the figures of it are drawn (seconds)
+    callbacks = [*([ProgressBar()] if show_progress else []), EpochLines(), *callbacks]
     try:
         return L.Trainer(
             max_epochs=training.epochs, max_steps=training.max_steps or -1,
@@ -202,7 +200,7 @@ def train(config: RunConfig) -> dict:
 
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
                                         class_names=dm.class_names,
-                                        images=not config.data.data))
+                                        images=not config.data.data, announce=status))
     callbacks.append(stop)  # last: a step's end includes the other callbacks' work
     loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
     steps_per_epoch = math.ceil(len(dm.train_x) / config.train.batch_size)
@@ -288,16 +286,24 @@ F32_MAX = 3.4028234663852886e38  # the largest float32: a loss or variance beyon
 
 @contextmanager
 def status(label: str):
-    """``label … 2.1 s`` on stdout: the label when the step starts (so a finished progress bar
-    is never the last word while work goes on), its time when it ends."""
-    print(f"{label} …", end="", flush=True)
+    """A finishing step's line on stdout: its label as it starts (so a finished progress bar is
+    never the last word while work goes on), its time when it ends. A terminal shows one line,
+    ``label …`` completed in place (``label … 2.1 s``); a pipe or a log, which sees a line only
+    once it ends, gets ``label …`` as the step starts and ``label … 2.1 s`` as it ends."""
+    from sae.process import line_ended
+
+    terminal = sys.stdout.isatty()
+    print(f"{label} …", end="" if terminal else "\n", flush=True)
     start = time.perf_counter()
     try:
         yield
     except BaseException:
-        print(" stopped", flush=True)  # the error or interruption follows on its own line
+        # the error or interruption follows on its own line
+        print(" stopped" if terminal else f"{label} … stopped", flush=True)
+        line_ended()
         raise
-    print(f" {time.perf_counter() - start:.1f} s", flush=True)
+    took = f"{time.perf_counter() - start:.1f} s"
+    print(f" {took}" if terminal else f"{label} … {took}", flush=True)
 
 
 def finish(config: RunConfig, model, dm, trainer, wall: float) -> dict:

@@ -27,9 +27,10 @@ def test_figures_every_epoch_and_at_the_end_with_csv_logger_only(mnist_small, tm
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == sorted(drawn)
     for kind in drawn:
         files = sorted(p.name for p in (tmp_path / "figures" / kind).iterdir())
-        # epoch 1 by the cadence (every 2nd epoch), epoch 2 because training ended there
-        assert files == ["epoch_1.png", "epoch_2.png"], (kind, files)
-        assert (tmp_path / "figures" / kind / "epoch_2.png").read_bytes().startswith(PNG)
+        # epochs counted from 1: epoch 2 by the cadence (every 2nd epoch), epoch 3 because
+        # training ended there
+        assert files == ["epoch_2.png", "epoch_3.png"], (kind, files)
+        assert (tmp_path / "figures" / kind / "epoch_3.png").read_bytes().startswith(PNG)
     stats = callback.stats
     assert stats["class_freq"].shape == (10, 32) and stats["atoms"].shape == (784, 32)
     assert len(stats["l0"]) == len(stats["labels"]) == 2 * mnist_small.batch_size
@@ -43,7 +44,7 @@ def test_no_figures_before_the_end_by_default(mnist_small, tmp_path):
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=mnist_small)
-    assert sorted(p.name for p in (tmp_path / "decoder_atoms").iterdir()) == ["epoch_1.png"]
+    assert sorted(p.name for p in (tmp_path / "decoder_atoms").iterdir()) == ["epoch_2.png"]
 
 
 def test_every_figure_names_the_run_and_the_validation_set(mnist_small, tmp_path, monkeypatch):
@@ -52,14 +53,14 @@ def test_every_figure_names_the_run_and_the_validation_set(mnist_small, tmp_path
 
     model = build_model(SAEConfig(model="l1", hidden=16), mnist_small.train_mean, 50.0)
     stats = callbacks.validation_stats(model, mnist_small.val_x[:300], mnist_small.val_y[:300],
-                                       len(mnist_small.class_names))
+                                       len(mnist_small.class_names), epoch=3, step=645)
     titles, draw = [], figures.figure_to_rgb
     monkeypatch.setattr(figures, "figure_to_rgb",
                         lambda fig: titles.append(fig.get_suptitle()) or draw(fig))
     callbacks.render_figures(stats, tmp_path, "mnist · l1 λ=0.01 · 16 units",
                              mnist_small.class_names)
     assert len(titles) == len(FIGURE_KINDS) - 1  # all but the feature browser's embedding
-    header = "mnist · l1 λ=0.01 · 16 units · validation set (300 images)\n"
+    header = "mnist · l1 λ=0.01 · 16 units · validation set (300 images) · epoch 3, step 645\n"
     assert all(title.startswith(header) for title in titles), titles
 
 

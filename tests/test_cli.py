@@ -235,8 +235,8 @@ def test_flags_are_checked_before_lightning_is_imported():
 
 @pytest.mark.slow
 def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, data_dir):
-    """Piped (not a terminal): the run folder first, a line per validation, one line per
-    finishing step with its time, the pages last."""
+    """Piped (not a terminal): the run folder first, a line per validation, a line as each
+    finishing step starts and one with its time as it ends, the pages last."""
     out = tmp_path / "run"
     result = run_cli(["--model", "l1", "--epochs", "3", "--out", out, *QUICK], tmp_path,
                      data_dir)
@@ -250,8 +250,87 @@ def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, d
     assert all("val FVU" in ln and "L0" in ln and "dead" in ln for ln in epochs)
     assert "v_num" not in result.stdout + result.stderr
     after = lines[lines.index(epochs[-1]) + 1:]
-    steps = [re.fullmatch(r"(.+) … (\d+\.\d) s", ln) for ln in after[:3]]
-    assert [m.group(1) for m in steps if m] == ["test metrics", "feature browser", "report"]
-    assert after[3].startswith("mse=")
+    names = ["figures", "test metrics", "feature browser", "report"]
+    assert after[0:8:2] == [f"{name} …" for name in names]
+    ends = [re.fullmatch(r"(.+) … (\d+\.\d) s", ln) for ln in after[1:8:2]]
+    assert [m.group(1) for m in ends if m] == names
+    assert after[8].startswith("mse=")
     assert lines[-2:] == [f"report: {out / 'report.html'}", f"features: {out / 'features.html'}"]
     assert (out / "report.html").is_file() and (out / "features.html").is_file()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--lamda", "0.1"], "did you mean --lambda?"),
+    (["--model", "sparsmax"], "did you mean sparsemax?"),
+    (["--hiden", "3", "--epocs", "2"], "did you mean --hidden (for --hiden), --epochs (for "
+                                       "--epocs)?"),
+])
+def test_a_misspelt_flag_or_model_names_the_closest(tmp_path, data_dir, args, named):
+    result = run_cli(args, tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert result.stderr.rstrip().endswith(named), result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing was started (no cache, no run folder)
+
+
+def test_a_flag_close_to_none_is_named_without_a_guess(tmp_path, data_dir):
+    result = run_cli(["--foo"], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert result.stderr == "error: unrecognized arguments: --foo\n"
+
+
+@pytest.mark.parametrize("module, args, named", [
+    ("sae.report", ["run", "--no-figuers"], "did you mean --no-figures?"),
+    ("sae.compare", ["sweep.yaml", "--engine", "worker"], "did you mean workers?"),
+    ("sae.features", ["run", "--max-imputs", "3"], "did you mean --max-inputs?"),
+])
+def test_every_command_names_the_closest_flag(tmp_path, data_dir, module, args, named):
+    result = run_cli(args, tmp_path, data_dir, module=module)
+    assert_one_line_error(result)
+    assert result.stderr.rstrip().endswith(named), result.stderr
+
+
+def test_a_settings_file_names_the_closest_setting(tmp_path, data_dir):
+    (tmp_path / "typo.yaml").write_text("lamda: 0.1\n")
+    result = run_cli(["--config", "typo.yaml"], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert "unknown setting 'lamda'; did you mean lambda?" in result.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--val-size", 60000], "--val-size 60,000: mnist has 60,000 training images, too few for "
+                            "60,000 validation images and at least 2 to train on; give "
+                            "--val-size 59,998 or less"),
+    (["--dataset", "fashion-mnist", "--val-size", 59999], "give --val-size 59,998 or less"),
+    (["--limit-train", 1], "--limit-train: must be >= 2, got 1"),
+])
+def test_a_split_the_images_cannot_hold_is_refused_before_the_run_folder(tmp_path, data_dir,
+                                                                        args, says):
+    out = tmp_path / "run"
+    started = time.monotonic()
+    result = run_cli([*args, "--out", out], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert says in result.stderr and not out.exists()
+    assert time.monotonic() - started < 60  # before torch: well under a second on a quiet machine
+
+
+def test_own_data_too_small_for_the_default_val_size_is_refused_before_the_run_folder(
+        tmp_path, data_dir):
+    import numpy as np
+
+    np.save(tmp_path / "acts.npy", np.random.default_rng(0).standard_normal((3000, 8),
+                                                                            dtype=np.float32))
+    out = tmp_path / "runs" / "own"
+    result = run_cli(["--data", "acts.npy", "--out", out], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert ("--val-size 5,000 (the default): --data acts.npy has 3,000 training rows, too few "
+            "for 5,000 validation rows and as many test rows (it has no test split) and at "
+            "least 2 to train on; give --val-size 1,499 or less") in result.stderr
+    assert "run folder" not in result.stdout and not (tmp_path / "runs").exists()
+
+
+def test_image_files_missing_offline_are_refused_before_the_run_folder(tmp_path, data_dir):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_cli(["--data-dir", empty, "--out", tmp_path / "run"], tmp_path, data_dir)
+    assert_one_line_error(result)
+    assert "SAE_OFFLINE is set" in result.stderr and not (tmp_path / "run").exists()

@@ -116,7 +116,7 @@ def test_two_runs_on_one_folder_cannot_both_write(tmp_path, data_dir):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--limit-train", "1"], "at least 2 images"),
+    (["--limit-train", "1"], "--limit-train: must be >= 2"),  # refused before the start
     (["--data-dir", "EMPTY"], "IDX"),
 ])
 def test_a_failed_start_leaves_no_folder(tmp_path, data_dir, args, message):

@@ -119,7 +119,8 @@ def _bad(kind: str, folder):
 def test_bad_data_is_one_line_before_any_work(tmp_path, capsys, kind):
     path, message = _bad(kind, tmp_path)
     out = tmp_path / "run"
-    assert main(["--data", path, *TINY, "--out", out]) == 2
+    # a split the 50 rows can hold: a split they cannot is refused first (from the header)
+    assert main(["--data", path, *TINY, "--val-size", "10", "--out", out]) == 2
     line = error_line(capsys)
     assert line.startswith("error: --data: ") and re.search(message, line), line
     assert not out.exists()  # nothing written: no run folder
@@ -134,7 +135,8 @@ def test_too_few_rows_for_the_splits_is_refused_before_any_work(tmp_path, capsys
 def test_bad_data_from_the_command_line(tmp_path, data_dir):
     """As a user calls it: a NaN row is one line and exit 2, and no run folder."""
     path, _ = _bad("nan", tmp_path)
-    result = run_cli(["--data", path, *TINY, "--out", tmp_path / "run"], tmp_path, data_dir)
+    result = run_cli(["--data", path, *TINY, "--val-size", 10, "--out", tmp_path / "run"],
+                     tmp_path, data_dir)
     assert_one_line_error(result)
     assert "row 37 holds NaN or inf" in result.stderr
     assert not (tmp_path / "run").exists()
