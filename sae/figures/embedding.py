@@ -65,12 +65,14 @@ def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS, seed: int
     index = np.sort(rng.choice(len(codes), size=n, replace=False))
     data = np.nan_to_num(codes[index])
     dims = min(_PCA_DIMS, n, data.shape[1])
-    if data.shape[1] > dims:
-        data = PCA(n_components=dims, random_state=seed).fit_transform(data)
     perplexity = min(30.0, (n - 1) / 3)
     tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", max_iter=500,
                 angle=angle, random_state=seed)
-    with threadpool_limits(1):  # see the module docstring: OpenMP runtimes fight otherwise
+    # one thread (see the module docstring: OpenMP runtimes fight otherwise), the PCA's too, so
+    # that the result is the same bit for bit whatever else runs
+    with threadpool_limits(1):
+        if data.shape[1] > dims:
+            data = PCA(n_components=dims, random_state=seed).fit_transform(data)
         return tsne.fit_transform(data), index
 
 
@@ -78,10 +80,16 @@ def embed_many(arrays: list[np.ndarray], max_points: int = EMBED_MAX_POINTS, see
                angle: float = EMBED_ANGLE) -> list[tuple[np.ndarray, np.ndarray]]:
     """:func:`embed_codes` of several ``[N, *]`` arrays of the same N inputs, one thread each:
     the same subset of rows (the subset depends on N and ``seed`` only), each result equal to
-    its own :func:`embed_codes` call."""
+    its own :func:`embed_codes` call, bit for bit, in every call."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max(1, len(arrays))) as pool:
+    import sklearn.manifold  # noqa: F401 (its OpenMP runtime loaded, so that the limit holds it)
+    from threadpoolctl import threadpool_limits
+
+    # One limit around all the threads: the limit is the process's, so a thread that left its
+    # own limit first would lift it under the others, whose gradients would then be summed by
+    # several OpenMP threads in a varying order (the same run, another picture).
+    with threadpool_limits(1), ThreadPoolExecutor(max(1, len(arrays))) as pool:
         return list(pool.map(lambda a: embed_codes(a, max_points, seed, angle), arrays))
 
 
