@@ -110,7 +110,8 @@ def embedding_figure(codes: np.ndarray, labels: np.ndarray,
                      class_names: list[str] | None = None, max_points: int = EMBED_MAX_POINTS,
                      seed: int = 0, pixels: np.ndarray | None = None) -> Figure:
     """Scatter plot of a t-SNE embedding of test codes, one colour per class, beside the same
-    embedding of the same inputs' pixels when ``pixels`` is given.
+    embedding of the same inputs' pixels when ``pixels`` is given. With a single class (data
+    without labels) the points take one colour and the figure names no class.
 
     Args:
         codes: ``[N, H]`` code activations.
@@ -144,10 +145,11 @@ def embedding_figure(codes: np.ndarray, labels: np.ndarray,
             empty_note(ax, f"only {len(codes)} codes: too few to embed")
         return fig
     what = "their codes" if pixels is None else "their codes (left) and raw pixels (right)"
-    fig.suptitle(f"t-SNE of {len(points):,} of the {len(codes):,} test inputs, coloured by "
-                 f"class: {what}")
     shown = labels[index]
     n_classes = max(int(labels.max()) + 1, len(class_names or []))
+    coloured = ", coloured by class" if n_classes > 1 else ""  # one class: data without labels
+    fig.suptitle(f"t-SNE of {len(points):,} of the {len(codes):,} test inputs{coloured}: "
+                 f"{what}")
     names = list(class_names or []) + [str(c) for c in range(len(class_names or []), n_classes)]
     colours = mpl.colormaps["tab10" if n_classes <= 10 else "tab20"]
     titles = ["the SAE's codes", "the same inputs' raw pixels"]
@@ -155,6 +157,7 @@ def embedding_figure(codes: np.ndarray, labels: np.ndarray,
         _scatter(ax, pts, shown, names, colours)
         if pixels is not None:
             ax.set_title(title)
-    fig.legend(*axes[0].get_legend_handles_labels(), title="class", loc="outside right center",
-               markerscale=2.5, frameon=False)
+    if n_classes > 1:
+        fig.legend(*axes[0].get_legend_handles_labels(), title="class",
+                   loc="outside right center", markerscale=2.5, frameon=False)
     return fig

@@ -114,7 +114,8 @@ def sparsity_histogram(
 
     Args:
         l0: ``[N]`` number of active units of each input.
-        labels: ``[N]`` integer class of each input, or None for the overall histogram only.
+        labels: ``[N]`` integer class of each input, or None for the overall histogram only
+            (as for a single class: data without labels).
         class_names: ``[C]`` names of classes ``0..C-1``; classes without samples still get a
             facet (marked "no samples") so facets line up across runs.
 
@@ -125,6 +126,9 @@ def sparsity_histogram(
     l0 = np.asarray(l0).ravel()
     edges, width = l0_edges(l0)
     xlabel = "L0 (active units per input)" + (f", bins of {width}" if width > 1 else "")
+    if labels is not None and len(set(range(len(class_names or []))) |
+                                  {int(c) for c in np.unique(labels)}) < 2:
+        labels = None  # one class (data without labels): its facet would repeat the overall
     if labels is None:
         fig = Figure(figsize=(6.0, 3.8), layout="constrained")
         ax = fig.add_subplot()
