@@ -109,11 +109,14 @@ _CLASS_KINDS = ("class_unit_heatmap",)
 _ACTIVATIONS_TEXT = {
     "code_embedding": "t-SNE of 1 000 test inputs' codes, coloured by class: do the codes "
                       "separate the classes?",
+    "decoder_atoms": "Decoder columns drawn as heatmaps of their D values, most frequently "
+                     "firing units first; red is positive, blue negative, each tile scaled to "
+                     "its own largest absolute weight.",
 }
 _UNLABELLED_TEXT = {
     **_ACTIVATIONS_TEXT,
     "code_embedding": "t-SNE of 1 000 test inputs' codes: the shape of the code space (the "
-                      "data have no classes to colour it by).",
+                      "rows have no labels to colour it by).",
     "sparsity_histogram": "Number of active units per input (L0) over the validation inputs.",
 }
 
@@ -516,8 +519,9 @@ def render_report(run_dir: Path, resume_command: str | None = None) -> str:
                           nav="Final metrics"),
             *([pages.Section("features", "Every unit", pages.fragment(
                 '<p><a href="features.html">The feature browser</a>: each unit\'s decoder atom, '
-                "the test inputs that activate it most, its activation histogram and class "
-                "distribution, in a sortable index.</p>"), nav="Features")]
+                "the test inputs that activate it most, its activation histogram{}, in a "
+                "sortable index.</p>", " and class distribution" if data.labelled else ""),
+                nav="Features")]
               if (run_dir / "features.html").is_file() else []),
             pages.Section("curves", "Training curves", _curves_section(run_dir)),
             pages.Section("figures", "Figures (latest epoch of each kind)",

@@ -144,7 +144,7 @@ def test_class_unit_heatmap_groups_units_by_preferred_class_then_selectivity():
     assert heights == pytest.approx(list(selectivity[order]))
     np.testing.assert_array_equal(ax.images[0].get_array(), class_freq[:, order])
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
-    assert "preferred class" in ax.get_xlabel()
+    assert "class of its highest firing rate" in ax.get_xlabel()
     render(fig)
 
 

@@ -256,7 +256,7 @@ def class_unit_heatmap(
     width = min(max(6.0, 0.075 * k + 2.5), 16.0)
     fig = Figure(figsize=(width, 0.32 * max(c, 1) + 3.0), layout="constrained")
     fig.suptitle(f"Firing frequency per class: {k} most frequent of {h:,} units, "
-                 "grouped by preferred class")
+                 "grouped by the class each fires in most often")
     if c == 0 or k == 0:
         empty_note(fig.add_subplot(), "no classes" if c == 0 else "no units")
         return fig
@@ -286,7 +286,8 @@ def class_unit_heatmap(
     ax.set_xticks(np.arange(0, k, step), [str(j) for j in order[::step]], rotation=90,
                   fontsize="x-small")
     ax.set_yticks(np.arange(c), names)
-    ax.set(xlabel="unit index (grouped by preferred class, most selective first)",
+    ax.set(xlabel="unit index (grouped by the class of its highest firing rate, most "
+                  "selective first)",
            ylabel="class")
     fig.colorbar(im, ax=[strip, ax], label="fraction of class inputs\n(square-root scale)")
     return fig
