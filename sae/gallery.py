@@ -77,7 +77,7 @@ def index_page(out: Path, made: str, rows: list[list[str]]) -> str:
                 body += [pages.image_link(name, name) for name in shown]
         sections.append(pages.Section(dataset, dataset, pages.join(body)))
     sections.insert(0, pages.Section("runs", "Runs", pages.join([
-        pages.table(HEAD, rows), pages.fragment("<p>{}</p>", NOTE)])))
+        pages.table(HEAD, rows, stack=True), pages.fragment("<p>{}</p>", NOTE)])))
     intro: list = [made]
     links = comparisons_html(out)
     if links is not None:
