@@ -161,7 +161,8 @@ def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str
     s = stats
     n_shown = len(s["x"])
     when = f"epoch {s['epoch']}, step {s['step']:,}" if s.get("epoch") else ""
-    header = " · ".join(p for p in (label, f"validation set ({len(s['labels']):,} images)", when)
+    noun = "images" if images else "inputs"
+    header = " · ".join(p for p in (label, f"validation set ({len(s['labels']):,} {noun})", when)
                         if p)
     made = {
         "decoder_atoms": figures.decoder_atoms(s["atoms"], s["freq"], n=n_atoms),
@@ -174,6 +175,8 @@ def render_figures(stats: dict, out_dir: Path, label: str, class_names: list[str
     }
     if not images:
         del made["reconstructions"]
+    if len(class_names) < 2:  # data without labels: no classes to draw
+        del made["class_unit_heatmap"]
     paths = []
     for kind, fig in made.items():
         fig.suptitle(f"{header}\n{fig.get_suptitle()}")

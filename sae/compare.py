@@ -56,7 +56,8 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
 ``--publish DIR`` copies everything above but ``runs/``, ``logs/`` and ``raw_probe.json`` to DIR
 (the committed ``figures/compare/<preset>/`` folders are made this way), with the marker file
 ``.sae-publication``, and brings the "See also" line of every other publication beside DIR up to
-date, so that the pages published before it link it too. DIR must be new, empty or an earlier
+date, so that the pages published before it link it too, and so the figure gallery's list of
+comparisons (DIR/../../gallery, when there is one). DIR must be new, empty or an earlier
 publication (it carries the marker and only a publication's files); any other folder, even one
 holding only files named like a sweep's outputs, is refused before any work.
 
@@ -218,7 +219,21 @@ def publish(sweep_dir: Path, folder: Path, sweep: Sweep | None = None,
     if sweep is not None and runs is not None and (sweep_dir / "results.csv").is_file():
         publish_page(sweep_dir, sweep, runs, folder)
     relink_publications(folder)
+    relink_gallery(folder)
     return copies
+
+
+def relink_gallery(folder: Path) -> list[Path]:
+    """Bring the comparisons line of the figure gallery beside the publications
+    (``folder``/../../gallery, made by ``python -m sae.gallery``) up to date, so that it links
+    every comparison published, this one too (:func:`sae.gallery.relink`). A folder without
+    a gallery page, or holding a link, is left alone; returns the files rewritten."""
+    from sae import gallery
+
+    out = folder.parent.parent / "gallery"
+    if not (out / "index.html").is_file() or find_link(out) is not None:
+        return []
+    return gallery.relink(out)
 
 
 def _page_datasets(folder: Path) -> list[str]:

@@ -3,7 +3,8 @@
 Trains (or reuses) one default run per dataset × model through ``python -m sae.run`` and copies
 its final decoder atoms, sorted firing frequencies, class × unit heatmap and sparsity histogram
 into ``--out``, with a README.md table of the runs' test metrics, the command that made it and
-links to the published comparisons in ``--out``/../compare/.
+links to every comparison published in ``--out``/../compare/ (``python -m sae.compare
+--publish`` brings them up to date when it publishes one there later: :func:`relink`).
 Every figure names its dataset, model and λ in its title (the figure callback writes them), and
 the firing-frequency figures share one fixed log axis, so the same height means the same
 frequency side by side.
@@ -76,16 +77,78 @@ def index_page(out: Path, made: str, rows: list[list[str]]) -> str:
                 body += [pages.image_link(name, name) for name in shown]
         sections.append(pages.Section(dataset, dataset, pages.join(body)))
     sections.insert(0, pages.Section("runs", "Runs", pages.join([
-        pages.table(HEAD, rows), pages.fragment("<p>{}</p>", NOTE)])))
-    compare = sorted((out.parent / "compare").glob("*/comparison.html"))
+        pages.table(HEAD, rows, stack=True), pages.fragment("<p>{}</p>", NOTE)])))
     intro: list = [made]
-    if compare:
-        intro.append(pages.fragment("Comparisons: {}", pages.join(
-            pages.join([pages.link(f"../compare/{p.parent.name}/comparison.html",
-                                   p.parent.name), " "]) for p in compare)))
+    links = comparisons_html(out)
+    if links is not None:
+        intro.append(links)
     return pages.render_page(title="Gallery", heading="Gallery",
                              subtitle=f"generated {pages.timestamp()}", intro=intro,
                              sections=sections)
+
+
+def comparisons(out: Path) -> list[str]:
+    """The published comparisons the gallery in ``out`` links: every folder of
+    ``out``/../compare/ that holds a comparison page (comparison.md or .html), by name."""
+    return sorted({p.parent.name for p in (out.parent / "compare").glob("*/comparison.*")
+                   if p.name in ("comparison.md", "comparison.html")})
+
+
+def comparisons_markdown(out: Path) -> str | None:
+    """README.md's line linking every published comparison; None when there is none."""
+    names = comparisons(out)
+    return "Comparisons: " + " · ".join(
+        f"[{name}](../compare/{name}/comparison.md)" for name in names) if names else None
+
+
+def comparisons_html(out: Path):
+    """index.html's paragraph text linking every published comparison; None when there is
+    none."""
+    from sae import pages
+
+    names = comparisons(out)
+    return pages.fragment("Comparisons: {}", pages.join(
+        pages.join([pages.link(f"../compare/{name}/comparison.html", name), " "])
+        for name in names)) if names else None
+
+
+_COMPARISONS_HTML = re.compile(r"<p>Comparisons: .*?</p>\n", re.S)
+
+
+def relink(out: Path) -> list[Path]:
+    """Bring the comparisons line of the gallery in ``out`` (README.md and index.html) up to
+    the comparisons published beside it now; nothing else in them changes.
+
+    A gallery links the comparisons that existed when it was made; ``python -m sae.compare
+    --publish`` calls this after each publication, so that the gallery links it too. Returns
+    the files rewritten (those whose line changed); a file that cannot be read as text is left
+    as it is.
+    """
+    written = []
+    readme, index = out / "README.md", out / "index.html"
+    line = comparisons_markdown(out)
+    try:
+        text = read_text(readme) if readme.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is not None:  # the line is the last paragraph, as the gallery writes it
+        head = text.rsplit("\n\nComparisons: ", 1)[0].rstrip("\n") + "\n"
+        changed = head + (f"\n{line}\n" if line is not None else "")
+        if changed != text:
+            written.append(write_text(readme, changed))
+    try:
+        text = read_text(index) if index.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is not None and "<nav>" in text:
+        changed = _COMPARISONS_HTML.sub("", text, count=1)
+        links = comparisons_html(out)
+        if links is not None:
+            at = changed.index("<nav>")
+            changed = f"{changed[:at]}<p>{links}</p>\n{changed[at:]}"
+        if changed != text:
+            written.append(write_text(index, changed))
+    return written
 
 
 def latest_png(run: Path, kind: str) -> Path | None:
@@ -273,10 +336,8 @@ def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
         "image's title names its dataset, model and λ or k; the activation_frequency figures "
         "share one fixed log scale (10⁻⁴ to 1), so they compare side by side. `index.html` "
         "shows them all in a browser.", ""]
-    compare = sorted((out.parent / "compare").glob("*/comparison.md"))
-    if compare:  # the published comparisons beside the gallery
-        lines += ["Comparisons: " + " · ".join(
-            f"[{p.parent.name}](../compare/{p.parent.name}/comparison.md)" for p in compare), ""]
+    if comparisons_markdown(out) is not None:  # the published comparisons beside the gallery
+        lines += [comparisons_markdown(out), ""]
     write_text(out / "README.md", "\n".join(lines))
     write_text(out / "index.html", index_page(out, made.replace("`", ""), rows))
     print(f"gallery written to {out}")

@@ -438,8 +438,10 @@ def file_sha256(path: str | Path, block: int = 8 << 20) -> str:
 
 def describe(data: MatrixData) -> dict:
     """What a run folder records of its data: for each split's matrix its path, shape, dtype
-    and SHA-256, so that a resume or a sweep can refuse a different file."""
-    out: dict = {"name": data.name, "source": str(data.source), "images": data.images}
+    and SHA-256, so that a resume or a sweep can refuse a different file, and whether its rows
+    have labels (the pages of a run on rows without labels show no classes)."""
+    out: dict = {"name": data.name, "source": str(data.source), "images": data.images,
+                 "labelled": data.train.labels is not None}
     for name, split in (("train", data.train), ("test", data.test)):
         if split is None:
             continue

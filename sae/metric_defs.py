@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sae.convergence import FVU_TOLERANCE, L0_TOLERANCE
+
 __all__ = ["METRIC", "METRICS", "Metric", "markdown_table", "summary_line"]
 
 
@@ -33,10 +35,11 @@ class Metric:
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("mse", "MSE", "mean over pixels and samples of (x − x̂)²", ".5f", better="lower",
-           printed=True),
+    Metric("mse", "MSE", "mean over inputs and their D values of (x − x̂)²", ".5f",
+           better="lower", printed=True),
     Metric("fvu", "FVU", "fraction of variance unexplained: Σ‖x − x̂‖² / Σ‖x − x̄‖², x̄ the "
-           "training mean image (1 = predicting x̄, 0 = perfect)", better="lower", printed=True),
+           "training split's mean input (1 = predicting x̄, 0 = perfect)", better="lower",
+           printed=True),
     Metric("explained_variance", "explained variance", "1 − fvu", better="higher"),
     Metric("fvu_at_l0", "FVU at L0", "fvu of the reconstruction from only the units counted in "
            "L0 (equals fvu for codes with exact zeros; larger for sigmoid codes, whose units "
@@ -113,6 +116,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("val_l0", "val L0", "mean L0 on the validation split after the last epoch: what "
            "places a run on its model's curve when models are set at equal L0", ".1f",
            group="validation"),
+    Metric("val_fvu_change", "Δ val FVU %", "relative change of val_fvu over the last "
+           "epoch, the size of (last − previous) / previous (none with fewer than two epochs)",
+           ".1f", 100.0, group="validation"),
+    Metric("val_l0_change", "Δ val L0 %", "relative change of val_l0 over the last "
+           "epoch, the size of (last − previous) / previous (none with fewer than two epochs)",
+           ".1f", 100.0, group="validation"),
+    Metric("converged", "converged", f"whether the run had settled: val_fvu_change below "
+           f"{100 * FVU_TOLERANCE:g} % and val_l0_change below {100 * L0_TOLERANCE:g} % (none "
+           "with fewer than two epochs)", ".0f", group="validation"),
     Metric("val_gt_l0_spearman", "val ρ(L0, true L0)", "gt_l0_spearman on the validation "
            "split: what a design is chosen by on data with known features", ".3f",
            better="higher", group="validation"),

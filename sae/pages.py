@@ -4,15 +4,16 @@
 A page is self-contained: the CSS (:data:`PAGE_CSS`) is inline and images are inline PNG
 ``data:`` URIs (:func:`inline_png`), with no scripts and no external references, so it opens
 anywhere, offline, and can be mailed or archived alone. It works on a phone: every table scrolls
-sideways inside its own box rather than widening the page, and a tap on a figure opens it at
-full size (a CSS-only toggle, :func:`figure`; tap again to close). Figures are embedded in full
-colour: as palette PNGs only where that is lossless (:func:`palette_png`: at most 256 colours,
-which roughly halves a flat figure's weight), otherwise as they came (RGB), so a colour bar or an
-image keeps every shade. This module owns that encoding; it knows nothing of how figures are
-drawn. :func:`render_page` owns the skeleton
-(title, subtitle, introduction, a navigation bar and one ``<h2>`` section per :class:`Section`);
-:func:`table`, :func:`figure`, :func:`missing`, :func:`code_block` and :func:`fragment` build the
-pieces that go into a section.
+sideways inside its own box rather than widening the page (or, where every column matters,
+becomes a list of its rows on a narrow screen: :func:`table`'s ``stack``), and a tap on a
+figure opens it at full size (a CSS-only toggle, :func:`figure`; tap again to close). Figures
+are embedded in full colour: as palette PNGs only where that is lossless (:func:`palette_png`:
+at most 256 colours, which roughly halves a flat figure's weight), otherwise as they came (RGB),
+so a colour bar or an image keeps every shade. This module owns that encoding; it knows nothing
+of how figures are drawn. :func:`render_page` owns the skeleton (title, subtitle, introduction,
+a navigation bar and one ``<h2>`` section per :class:`Section`); :func:`table`, :func:`figure`,
+:func:`missing`, :func:`code_block` and :func:`fragment` build the pieces that go into a
+section.
 
 Why jinja2 rather than f-strings: with ``autoescape`` on, every value placed in a page is
 escaped unless it is a :class:`markupsafe.Markup` fragment built here, so text read from run
@@ -72,6 +73,17 @@ td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.key { white-space: nowrap; }
 td.note { color: #666; min-width: 14rem; }
 td.best { font-weight: 700; background: #e6f2e6; }
+/* a stacked table, on a narrow screen: each row a block, each cell a line under its column's
+   name, so that no column hides behind a sideways scroll */
+@media (max-width: 40rem) {
+  table.stack, table.stack tbody, table.stack tr, table.stack td { display: block; }
+  table.stack tr.head { display: none; }
+  table.stack tr { border-bottom: 1px solid #ccc; padding: 0.3rem 0; }
+  table.stack td { border: 0; padding: 0.05rem 0.3rem; white-space: normal; min-width: 0; }
+  table.stack td::before { content: attr(data-label) ": "; color: #666; font-weight: 400; }
+  table.stack td:first-child { font-weight: 600; }
+  table.stack .pm { display: inline; }
+}
 figure { margin: 0.6rem 0 1.6rem 0; }
 img { max-width: 100%; height: auto; border: 1px solid #eee; }
 .zoom { display: block; cursor: zoom-in; }
@@ -117,10 +129,12 @@ _PAGE = _ENV.from_string("""\
 """)
 
 _TABLE = _ENV.from_string(
-    '<div class="scroll{% if wide %} wide{% endif %}"><table><tr>'
-    '{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'
+    '<div class="scroll{% if wide %} wide{% endif %}">'
+    '<table{% if stack %} class="stack"{% endif %}>'
+    '<tr class="head">{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'
     "{% for row in rows %}<tr>{% for cls, text, spread in row %}"
-    '<td{% if cls %} class="{{ cls }}"{% endif %}>{{ text }}'
+    '<td{% if cls %} class="{{ cls }}"{% endif %}'
+    '{% if stack %} data-label="{{ head[loop.index0] }}"{% endif %}>{{ text }}'
     '{% if spread %} <span class="pm">{{ spread }}</span>{% endif %}</td>'
     "{% endfor %}</tr>{% endfor %}</table></div>")
 
@@ -170,7 +184,8 @@ def join(parts: Iterable[str | Markup]) -> Markup:
 
 def table(head: Sequence[object], rows: Iterable[Sequence[object]],
           cell_class: Callable[[int, str], str | None] | None = None,
-          best: Collection[tuple[int, int]] = (), wide: bool = False) -> Markup:
+          best: Collection[tuple[int, int]] = (), wide: bool = False,
+          stack: bool = False) -> Markup:
     """An HTML ``<table>``: a header row, then one row per item of ``rows``, in a box that
     scrolls sideways when the table is wider than the page (a phone).
 
@@ -181,7 +196,9 @@ def table(head: Sequence[object], rows: Iterable[Sequence[object]],
     grey notes) or None; the cells ``(row,
     column)`` of ``best`` (positions counted from 0, header excluded) are also marked ``best``
     (bold, shaded). A ``wide`` table's box spans the window rather than the text column (less
-    scrolling for a table of many columns on a large screen).
+    scrolling for a table of many columns on a large screen). A ``stack`` table is a table on a
+    wide screen and, on a narrow one (a phone), a list of its rows, each cell a line under its
+    column's name: every column stays in view, none behind a sideways scroll.
     """
     marked = set(best)
 
@@ -197,7 +214,7 @@ def table(head: Sequence[object], rows: Iterable[Sequence[object]],
 
     return Markup(_TABLE.render(head=[str(h) for h in head],
                                 rows=[cells(r, row) for r, row in enumerate(rows)],
-                                wide=wide))
+                                wide=wide, stack=stack))
 
 
 def inline_png(png: bytes, alt: str) -> Markup:

@@ -27,6 +27,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from sae import pages
@@ -100,6 +101,23 @@ _KIND_TEXT = {
         "Feature density",
         "Histogram of log10 firing frequency; dead units counted in their own bar.",
     ),
+}
+
+# figures of the classes of the inputs: not shown for data without classes
+_CLASS_KINDS = ("class_unit_heatmap",)
+# captions for a run on rows of activations with classes, and on rows without classes
+_ACTIVATIONS_TEXT = {
+    "code_embedding": "t-SNE of 1 000 test inputs' codes, coloured by class: do the codes "
+                      "separate the classes?",
+    "decoder_atoms": "Decoder columns drawn as heatmaps of their D values, most frequently "
+                     "firing units first; red is positive, blue negative, each tile scaled to "
+                     "its own largest absolute weight.",
+}
+_UNLABELLED_TEXT = {
+    **_ACTIVATIONS_TEXT,
+    "code_embedding": "t-SNE of 1 000 test inputs' codes: the shape of the code space (the "
+                      "rows have no labels to colour it by).",
+    "sparsity_histogram": "Number of active units per input (L0) over the validation inputs.",
 }
 
 # Metric name (last path component, so "test/fvu" matches too) -> definition shown in the table
@@ -316,14 +334,14 @@ def _split_metrics(metrics: dict[str, object]) -> tuple[dict[str, object], dict[
     return facts, {k: v for k, v in metrics.items() if k not in _RUN_FACTS}
 
 
-def _metrics_section(metrics: dict[str, object], problem: str | None):
+def _metrics_section(metrics: dict[str, object], problem: str | None, data: _Data):
     if problem:
         return pages.missing(problem)
     if not metrics:
         return pages.missing("metrics.json holds no metrics.")
     facts, measured = _split_metrics(metrics)
     n = measured.get("n_samples")
-    where = (f"On the test set (n = {format_value(n)} images), after training."
+    where = (f"On the test set (n = {format_value(n)} {data.noun}), after training."
              if isinstance(n, int | float) else "On the test set, after training.")
     parts = [pages.fragment('<p class="sub">{}</p>', where)]
     if facts:
@@ -332,12 +350,15 @@ def _metrics_section(metrics: dict[str, object], problem: str | None):
                               [(_RUN_FACTS[k], format_value(v)) for k, v in facts.items()],
                               cell_class=lambda column, _: "num" if column == 1 else None)]
     if measured:
-        rows = [(name, format_metric(name, value),
+        # a value the run could not measure (a change over the last epoch of a one-epoch run)
+        # is "–", its definition saying when that happens
+        rows = [(name, "–" if value is None else format_metric(name, value),
                  _METRIC_NOTES.get(name.rsplit("/", 1)[-1], ""))
                 for name, value in measured.items()]
         parts += [pages.fragment("<h3>{}</h3>", "Metrics"),
                   pages.table(["metric", "value", "definition"], rows,
-                              cell_class=lambda column, _: (None, "num", "note")[column])]
+                              cell_class=lambda column, _: (None, "num", "note")[column],
+                              stack=True)]
     return pages.join(parts)
 
 
@@ -386,23 +407,26 @@ def _curves_section(run_dir: Path):
     return pages.figure(png, "training curves", caption)
 
 
-def _figures_section(run_dir: Path, config: dict[str, object]):
-    latest = latest_figures(run_dir)
+def _figures_section(run_dir: Path, config: dict[str, object], data: _Data):
+    latest = [(kind, epoch, path) for kind, epoch, path in latest_figures(run_dir)
+              if data.labelled or kind not in _CLASS_KINDS]
     if not latest:
         return pages.missing("No figures yet: figures/<kind>/epoch_<E>.png holds nothing.")
     val = config.get("val_size")
-    n = f" (n = {format_value(val)} images)" if isinstance(val, int) else ""
+    n = f" (n = {format_value(val)} {data.noun})" if isinstance(val, int) else ""
     parts = [pages.fragment('<p class="sub">{}</p>',
                             f"Drawn during training from the validation set{n}, a part of "
                             "the training split held out; the metrics above are on the test "
                             "set. The code embedding is of test inputs.")]
     if config.get("data"):
         parts.append(pages.fragment('<p class="sub">{}</p>', (
-            f"Trained on activations ({config['data']}), not images: the decoder atoms are "
-            "heatmaps of their values in the data's own space (a square or a strip), and the "
-            "reconstructions figure, which draws 28x28 images, is not drawn.")))
+            f"Trained on rows of activations ({config['data']}): the decoder atoms are "
+            "heatmaps of their D values (on a square or a strip); the inputs and their "
+            "reconstructions are not drawn.")))
     for kind, epoch, path in latest:
         heading, caption = _KIND_TEXT.get(kind, (kind.replace("_", " ").capitalize(), ""))
+        caption = _UNLABELLED_TEXT.get(kind, caption) if not data.labelled else \
+            _ACTIVATIONS_TEXT.get(kind, caption) if not data.images else caption
         try:
             png = read_bytes(path)
         except OSError as exc:
@@ -429,6 +453,29 @@ def _changed_data(run_dir: Path, config: dict[str, object]) -> str | None:
     return changed_data(run_dir)
 
 
+@dataclass(frozen=True)
+class _Data:
+    """What a run's data are, as its pages must word them."""
+
+    images: bool = True  # the SAE's inputs are images (not rows of activations)
+    labelled: bool = True  # the inputs have classes
+
+    @property
+    def noun(self) -> str:
+        return "images" if self.images else "inputs"
+
+
+def _data_of(run_dir: Path, config: dict[str, object]) -> _Data:
+    """A ``--data`` run's inputs are rows of activations, with classes unless its data record
+    (``data.json``) says they have none; an image run's are images with classes."""
+    if not config.get("data"):
+        return _Data()
+    from sae.rundata import read_record
+
+    record = read_record(run_dir) or {}
+    return _Data(images=False, labelled=record.get("labelled") is not False)
+
+
 def _lookup(config: dict[str, object], keys: tuple[str, ...]) -> str | None:
     for key in keys:
         if key in config and isinstance(config[key], str | int | float):
@@ -450,6 +497,7 @@ def render_report(run_dir: Path, resume_command: str | None = None) -> str:
               else "no final test metrics (interrupted or still training)")
     line = headline(metrics) if not metrics_problem else None
     intro = [pages.fragment('<strong class="headline">{}</strong>', line)] if line else []
+    data = _data_of(run_dir, config)
     changed = _changed_data(run_dir, config)
     if changed:
         intro.append(pages.fragment(
@@ -467,15 +515,17 @@ def render_report(run_dir: Path, resume_command: str | None = None) -> str:
         intro=intro,
         sections=[
             pages.Section("metrics", "Final test metrics",
-                          _metrics_section(metrics, metrics_problem), nav="Final metrics"),
+                          _metrics_section(metrics, metrics_problem, data),
+                          nav="Final metrics"),
             *([pages.Section("features", "Every unit", pages.fragment(
                 '<p><a href="features.html">The feature browser</a>: each unit\'s decoder atom, '
-                "the test inputs that activate it most, its activation histogram and class "
-                "distribution, in a sortable index.</p>"), nav="Features")]
+                "the test inputs that activate it most, its activation histogram{}, in a "
+                "sortable index.</p>", " and class distribution" if data.labelled else ""),
+                nav="Features")]
               if (run_dir / "features.html").is_file() else []),
             pages.Section("curves", "Training curves", _curves_section(run_dir)),
             pages.Section("figures", "Figures (latest epoch of each kind)",
-                          _figures_section(run_dir, config), nav="Figures"),
+                          _figures_section(run_dir, config, data), nav="Figures"),
             pages.Section("config", "Config", _config_section(config, config_problem)),
         ])
 

@@ -46,7 +46,8 @@ def driver():
         options.binary_location = str(CHROMIUM)
         for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
             options.add_argument(flag)
-        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        # the performance log holds every request the page makes (external_requests)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
         chrome = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
         try:
             chrome.set_window_size(1280, 1000)
@@ -77,7 +78,23 @@ def run(driver, tmp_path_factory, data_dir) -> Path:
 
 def open_page(driver, path: Path) -> None:
     driver.get_log("browser")  # drop messages of earlier pages
+    driver.get_log("performance")  # and their requests
     driver.get(path.as_uri())
+
+
+def external_requests(driver) -> list[str]:
+    """Every address the page asked for since :func:`open_page` other than its own file and
+    inline ``data:`` URIs (read from the browser's network log)."""
+    import json
+
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            url = message["params"]["request"]["url"]
+            if not url.startswith(("file:", "data:", "about:")):
+                urls.append(url)
+    return urls
 
 
 def severe_messages(driver) -> list[str]:
@@ -97,6 +114,7 @@ def test_page_loads_cleanly(driver, run, page):
     assert driver.execute_script("return document.images.length") >= 1
     source = driver.page_source
     assert "http://" not in source and "https://" not in source
+    assert external_requests(driver) == []
 
 
 def test_every_unit_has_an_anchor_and_sprites_load(driver, run):
@@ -246,7 +264,8 @@ def test_features_page_fits_a_narrow_window(driver, run):
         assert overflow <= 0
         box = driver.execute_script(
             "var b = document.querySelector('.index-box'); return [b.scrollWidth, b.clientWidth]")
-        assert box[1] <= 400  # the index scrolls inside its own box
+        assert box[1] <= 400  # the index scrolls inside its own box ...
+        assert box[0] <= box[1]  # ... but needs not: every column is in view
         # the code embedding, shrunk to the window, opens at full size on a tap
         from selenium.webdriver.common.by import By
 
@@ -323,6 +342,7 @@ def test_report_and_comparison_fit_a_400_px_window(driver, run, comparison, whic
             " t => [t.parentElement.className, t.parentElement.clientWidth]);")
         assert boxes and all(cls.split()[0] == "scroll" and w <= 400 for cls, w in boxes)
         assert severe_messages(driver) == []
+        assert external_requests(driver) == []
     finally:
         driver.set_window_size(1280, 1000)
 

@@ -890,8 +890,7 @@ def test_point_labels_cross_no_line():
 
     renderer = FigureCanvasAgg(fig).get_renderer()
     fig.draw(renderer)
-    to_axes = ax.transScale + ax.transLimits  # after layout
-    lines = plots._line_points(ax, to_axes, step=0.002)
+    lines = plots._line_points(ax, step=0.002)
     frac = ax.transAxes.inverted()
     for text in ax.texts:
         (x0, y0), (x1, y1) = frac.transform(text.get_window_extent(renderer).get_points())

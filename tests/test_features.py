@@ -447,7 +447,12 @@ def test_pixel_embedding_beside_the_codes_embeds_the_same_inputs():
     (code_points, code_index), (pixel_points, pixel_index) = embed_many([codes, pixels], 50)
     assert np.array_equal(code_index, pixel_index)  # the same inputs in both panels
     alone, index = embed_codes(pixels.reshape(120, -1), 50)
-    assert np.array_equal(index, pixel_index) and np.allclose(alone, pixel_points)
+    # bit for bit: the threads run under one thread limit, whichever finishes first
+    assert np.array_equal(index, pixel_index) and np.array_equal(alone, pixel_points)
+    wide = rng.random((300, 80))  # reduced by PCA first, which runs under the limit too
+    runs = [embed_many([wide, wide[:, ::-1]], 200) for _ in range(3)]
+    assert all(np.array_equal(r[i][0], runs[0][i][0]) for r in runs for i in (0, 1))
+    assert np.array_equal(runs[0][0][0], embed_codes(wide, 200)[0])
     assert not np.allclose(code_points, pixel_points)
     fig = embedding_figure(codes, np.arange(120) % 3, pixels=pixels, max_points=50)
     assert [ax.get_title() for ax in fig.axes] == ["the SAE's codes",
@@ -509,6 +514,12 @@ def test_cli_builds_the_page_of_a_trained_run(tmp_path, data_dir):
     # the embedding has a name of its own, not a validation epoch's
     (png,) = (run / "figures" / "code_embedding").iterdir()
     assert png.name == "test_set.png" and png.read_bytes()[:4] == b"\x89PNG"
+    first = (run / "features.html").read_bytes(), png.read_bytes()
+    # the same run gives the same page and figure, byte for byte (its embedding's two t-SNEs
+    # run in two threads)
+    again = run_features([run], tmp_path, data_dir)
+    assert again.returncode == 0, again.stderr
+    assert ((run / "features.html").read_bytes(), png.read_bytes()) == first
     # ... so the report still draws the validation figures of a run that has none
     report = subprocess.run([sys.executable, "-m", "sae.report", run], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)

@@ -68,3 +68,45 @@ def test_a_run_to_train_is_announced_with_the_interpreter_that_trains_it(tmp_pat
     assert calls[0][:3] == [sys.executable, "-m", "sae.run"]
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"$ {Path(sys.executable).name} -m sae.run --model l1"), line
+
+
+def gallery_links(out: Path) -> tuple[set[str], set[str]]:
+    """The comparison folders the gallery's README.md and index.html link."""
+    readme = set(re.findall(r"\(\.\./compare/([^/]+)/comparison\.md\)",
+                            (out / "README.md").read_text()))
+    index = set(re.findall(r'href="\.\./compare/([^/]+)/comparison\.html"',
+                           (out / "index.html").read_text()))
+    return readme, index
+
+
+def test_the_gallery_links_every_publication_also_those_published_after_it(tmp_path):
+    """A comparison published after the gallery was made is linked by it too: publishing
+    rewrites the gallery's comparisons line (and nothing else) to every published page."""
+    from sae import compare
+
+    runs, out = tmp_path / "runs", tmp_path / "figures" / "gallery"
+    for dataset in gallery.DATASETS:
+        for model in gallery.MODELS:
+            finished_run(runs / f"{dataset}-{model}")
+    published = tmp_path / "figures" / "compare"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for name in ("comparison.md", "comparison.html"):
+        (sweep / name).write_text("<p>a page</p>")
+    compare.publish(sweep, published / "mnist")
+    assert gallery.main(["--out", str(out), "--runs", str(runs)]) == 0
+    assert gallery_links(out) == ({"mnist"}, {"mnist"})
+    before = {name: (out / name).read_text() for name in ("README.md", "index.html")}
+    for preset in ("wide-40", "mnist-40"):
+        compare.publish(sweep, published / preset)
+    every = {p.parent.name for p in published.glob("*/comparison.html")}
+    assert every == {"mnist", "wide-40", "mnist-40"}
+    assert gallery_links(out) == (every, every)
+    for name, text in before.items():  # only the comparisons line changed
+        after = (out / name).read_text()
+        assert [x for x in after.splitlines() if "compare/" not in x] == \
+            [x for x in text.splitlines() if "compare/" not in x]
+    # made again now, the gallery writes the same README
+    relinked = (out / "README.md").read_text()
+    assert gallery.main(["--out", str(out), "--runs", str(runs)]) == 0
+    assert (out / "README.md").read_text() == relinked

@@ -156,7 +156,7 @@ def test_an_unlabelled_matrix_trains_and_records_its_file(plain_run):
     figures = {p.name for p in (plain_run / "figures").iterdir()}
     assert "decoder_atoms" in figures and "reconstructions" not in figures  # no 28x28 pixels
     page = (plain_run / "features.html").read_text()
-    assert "unlabelled data: no classes, no probe" in page and "probe votes" not in page
+    assert "rows without labels" in page and "probe votes" not in page
     assert "<q>row " in page  # rows without images or texts are shown by their number
     assert "not drawn" in (plain_run / "report.html").read_text()
 

@@ -119,7 +119,7 @@ def test_every_number_a_run_or_sweep_reports_is_a_registered_metric():
 
     assert len(METRIC) == len(METRICS), "a metric is registered twice"
     assert set(SUMMARY_KEYS) | set(DYNAMIC_KEYS) | set(GROUND_TRUTH_KEYS) <= set(METRIC)
-    assert set(SUMMARY_METRICS) - {"converged"} <= set(METRIC)
+    assert set(SUMMARY_METRICS) <= set(METRIC)
     for m in METRICS:
         assert m.better in (None, "lower", "higher")
         assert m.group in ("run", "sweep", "truth", "validation", "count")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import re
@@ -232,6 +233,35 @@ def section(page: str, anchor: str) -> str:
     return page[start:end if end >= 0 else len(page)]
 
 
+def metric_rows(page: str) -> dict[str, tuple[str, str]]:
+    """The report's metrics table: name -> (value, definition), as the page shows them."""
+    rows = re.findall(r'<tr><td data-label="metric">([a-z_0-9]+)</td>'
+                      r'<td class="num" data-label="value">([^<]*)</td>'
+                      r'<td class="note" data-label="definition">([^<]*)</td></tr>', page)
+    return {name: (html.unescape(value), html.unescape(note)) for name, value, note in rows}
+
+
+def test_every_metric_a_run_can_write_is_defined_from_the_registry(run_dir):
+    """Every number sae.run can put in metrics.json (the measures of sae.metrics, on data with
+    known features too, the validation's and its convergence, a variant's extra) is shown with
+    its registry definition; a value a short run could not measure is '–'."""
+    from sae.convergence import final_validation, last_epoch_change
+    from sae.metric_defs import METRIC
+    from sae.metrics import DYNAMIC_KEYS, GROUND_TRUTH_KEYS, SUMMARY_KEYS
+
+    measured = [*SUMMARY_KEYS, *DYNAMIC_KEYS, *GROUND_TRUTH_KEYS, "fvu_at_l0",
+                "val_gt_l0_spearman", *final_validation([]), *last_epoch_change([]),
+                "wall_time_s", "alpha"]
+    written = {**dict.fromkeys(measured, 0.5), "val_fvu_change": None, "converged": None,
+               **{k: FULL_METRICS[k] for k in report._RUN_FACTS if k in FULL_METRICS}}
+    (run_dir / "metrics.json").write_text(json.dumps(written))
+    rows = metric_rows(report.render_report(run_dir))
+    assert set(rows) == set(measured)
+    for name, (_, note) in rows.items():
+        assert note == METRIC[name].definition, name
+    assert rows["val_fvu_change"][0] == rows["converged"][0] == "–"
+
+
 def test_headline_settings_apart_and_every_metric_defined(run_dir):
     (run_dir / "metrics.json").write_text(json.dumps(FULL_METRICS))
     (run_dir / "config.yaml").write_text(CONFIG + "val_size: 5000\n")
@@ -242,13 +272,12 @@ def test_headline_settings_apart_and_every_metric_defined(run_dir):
     run_part, metric_part = metrics.split("<h3>Metrics</h3>")
     for setting in ("sparsemax", "mnist", ">3<", "firing threshold"):  # the run's facts ...
         assert setting in run_part
-    rows = re.findall(r"<tr><td>([a-z_0-9]+)</td><td[^>]*>[^<]*</td><td class=\"note\">([^<]*)<",
-                      metric_part)
-    names = {name for name, _ in rows}
+    rows = metric_rows(metric_part)
+    names = set(rows)
     assert not names & {"model", "lam", "seed", "dataset", "hidden"}  # ... are not metrics
     assert names == set(FULL_METRICS) - {"model", "lam", "seed", "dataset", "hidden", "steps",
                                          "epochs", "fire_threshold"}
-    assert all(note.strip() for _, note in rows)  # every metric has its definition
+    assert all(note.strip() for _, note in rows.values())  # every metric has its definition
     assert "test set (n = 10,000 images)" in metrics
     figures_part = section(page, "figures")
     assert "validation set (n = 5,000 images)" in figures_part.replace("5000", "5,000")
@@ -277,7 +306,9 @@ def test_config_shows_the_settings_of_its_model_and_all_on_request(tmp_path, mod
 
 def test_tables_scroll_in_their_own_box_and_figures_open_full_size(run_dir):
     page = report.write_report(run_dir).read_text(encoding="utf-8")
-    assert page.count("<table>") == page.count('<div class="scroll"><table>') >= 2
+    tables = re.findall(r"<table[ >]", page)
+    assert len(tables) == len(re.findall(r'<div class="scroll"><table[ >]', page)) >= 2
+    assert page.count('<table class="stack">') == 1  # the metrics: a list of rows on a phone
     assert page.count('<label class="zoom"') == page.count("<img") == 4
     assert ".scroll { overflow-x: auto" in page
 

@@ -233,3 +233,13 @@ def test_a_run_on_data_with_known_features_is_scored_against_them(tmp_path):
         assert key in result, key
     assert 0.0 <= result["gt_mcc"] <= 1.0 and -1.0 <= result["gt_l0_spearman"] <= 1.0
     assert result["val_l0"] > 0
+    # its report defines every metric it shows, the scores against the truth included
+    from test_report import metric_rows
+
+    from sae import report
+    from sae.metric_defs import METRIC
+
+    rows = metric_rows(report.render_report(tmp_path / "run"))
+    assert set(metrics.GROUND_TRUTH_KEYS) <= set(rows)
+    assert all(note == METRIC[name].definition for name, (_, note) in rows.items())
+    assert len(rows) == len(result) - len(set(result) & set(report._RUN_FACTS))  # all but facts

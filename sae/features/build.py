@@ -151,14 +151,15 @@ def write_features(run_dir: Path, model, dm, test_codes=None, max_inputs: int | 
     png = save_png(figure, run_dir / EMBEDDING_PNG)
     name = run_dir.resolve().name
     subtitle = (f"{model.config.model} on {dataset}, {model.config.hidden:,} units, "
-                "checkpoint checkpoints/last.ckpt"
-                + ("" if inputs.has_labels else "; unlabelled data: no classes, no probe"))
+                "checkpoint checkpoints/last.ckpt" + ("" if inputs.has_labels else
+                                                      "; rows without labels"))
     target = Path(out) if out is not None else run_dir / "features.html"
     report = run_dir / "report.html"
     href = Path(os.path.relpath(report.resolve(), target.resolve().parent)).as_posix()
     page = render_features_page(stats, inputs.images, name, class_names, subtitle,
                                 embedding_png=png.read_bytes(),
                                 embedding_beside_pixels=inputs.pixels,
-                                report=(href, report.is_file()), texts=inputs.texts)
+                                report=(href, report.is_file()), texts=inputs.texts,
+                                labelled=inputs.has_labels)
     write_text(target, page)
     return target

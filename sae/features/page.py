@@ -122,20 +122,30 @@ def _sprite_css(selector: str, png: bytes, cols: int, rows: int, shape: tuple[in
 # --------------------------------------------------------------------------- page pieces
 
 
-def _num(value: float) -> str:
-    """Three significant digits; '–' for NaN."""
+def _num(value: float, fmt: str = ".3g") -> str:
+    """``value`` in format ``fmt`` (three significant digits by default); '–' for NaN."""
     value = float(value)
     if not math.isfinite(value):
         return "–"
-    return f"{value:.3g}"
+    return format(value, fmt)
 
 
 def _pct(share: float) -> str:
-    """A share as a short percentage: 0.5 -> '50 %', 0.00012 -> '0.012 %'."""
-    pct = 100 * float(share)
-    if pct == 0:
-        return "0 %"
-    return f"{pct:.1f} %" if pct >= 10 else f"{pct:.2g} %"
+    """A share as a percentage at two decimals, one format for every unit: 0.5 -> '50.00 %',
+    0.00012 -> '0.01 %' (one firing in 10 000 test inputs is 0.01 %)."""
+    return f"{100 * float(share):.2f} %"
+
+
+def _decimals_fmt(values: np.ndarray) -> str:
+    """One fixed-decimal format for a column of values: as many decimals as give its largest
+    value three significant digits (0 to 4), so that the column's numbers line up."""
+    values = np.abs(np.asarray(values, dtype=float))
+    top = float(values[np.isfinite(values)].max(initial=0.0))
+    decimals = 2 - math.floor(math.log10(top)) if top > 0 else 2
+    return f".{min(max(decimals, 0), 4)}f"
+
+
+_SHARE = ".2f"  # selectivity and cosines: numbers in [-1, 1], two decimals
 
 
 def _class_svg(dist: np.ndarray, rate: np.ndarray, preferred: int,
@@ -173,16 +183,17 @@ _STATE_ORDER = {"alive": 0, "dense": 1, "dead": 2}  # the index's status column 
 _HX, _HY, _HW, _HH = 30, 6, 118, 54
 
 
-def _hist(counts: np.ndarray, lo: float, hi: float) -> dict:
+def _hist(counts: np.ndarray, lo: float, hi: float, fmt: str = ".3g") -> dict:
     """What the template's histogram draws: a step path of the counts in the plot box, the
-    activation ticks (both ends and the middle), the count ticks (0 and the tallest bin)."""
+    activation ticks (both ends and the middle, in format ``fmt``), the count ticks (0 and the
+    tallest bin)."""
     top = max(int(counts.max()), 1)
     bins = len(counts)
     base = _HY + _HH
     steps = "".join(f"V{base - _HH * c / top:.1f}h{_HW / bins:.4g}" for c in counts)
-    label = (f"activations in ({_num(lo)}, {_num(hi)}], {bins} bins; counts "
+    label = (f"activations in ({_num(lo, fmt)}, {_num(hi, fmt)}], {bins} bins; counts "
              + " ".join(str(int(c)) for c in counts))
-    xticks = [(_HX + _HW * f, _num(lo + f * (hi - lo))) for f in (0.0, 0.5, 1.0)]
+    xticks = [(_HX + _HW * f, _num(lo + f * (hi - lo), fmt)) for f in (0.0, 0.5, 1.0)]
     yticks = [(base, "0"), (_HY, f"{top:,}")]
     axes = (f"M{_HX} {_HY}V{base}H{_HX + _HW}" + "".join(f"M{x:g} {base}v3" for x, _ in xticks)
             + "".join(f"M{_HX} {y}h-3" for y, _ in yticks))
@@ -216,27 +227,28 @@ class _Sprites:
 
 
 def _group(title: str, span: str, index, activation, labels, attribution, sprites: _Sprites,
-           class_names: Sequence[str]) -> dict:
-    """One row of example tiles (the top inputs, or a band) as the template's ``tiles`` draws."""
+           class_names: Sequence[str] | None, act_fmt: str) -> dict:
+    """One row of example tiles (the top inputs, or a band) as the template's ``tiles`` draws;
+    each tile labelled with its class unless ``class_names`` is None (data without labels)."""
     tiles = []
     for slot, (i, act) in enumerate(zip(index, activation, strict=True)):
         if i < 0:
             continue
-        name = class_names[int(labels[slot])]
+        name = class_names[int(labels[slot])] if class_names is not None else ""
         tile = sprites.tile(int(i), None if attribution is None else attribution[slot])
-        tile.update(act=_num(act), label=name, tip=name if len(name) > 6 else "")
+        tile.update(act=_num(act, act_fmt), label=name, tip=name if len(name) > 6 else "")
         tiles.append(tile)
     return {"title": title, "range": span, "tiles": tiles}
 
 
 def _unit(stats: dict[str, np.ndarray], j: int, sprites: _Sprites,
-          names: Sequence[str]) -> dict:
-    """What the template shows of unit ``j``."""
+          names: Sequence[str] | None, act_fmt: str) -> dict:
+    """What the template shows of unit ``j`` (``names`` None: data without labels)."""
     sprites.left = sprites.per_unit
     state = _state(stats, j)
     unit = {"j": j, "state": state, "ax": j % _SPRITE_COLS, "ay": j // _SPRITE_COLS,
-            "nearest": [(int(k), _num(c)) for k, c in zip(stats["nearest_index"][j],
-                                                         stats["nearest_cosine"][j], strict=True)],
+            "nearest": [(int(k), _num(c, _SHARE)) for k, c in zip(
+                stats["nearest_index"][j], stats["nearest_cosine"][j], strict=True)],
             "votes": None, "against": None, "groups": []}
     if "probe_weight" in stats:
         w = stats["probe_weight"][j]
@@ -246,34 +258,41 @@ def _unit(stats: dict[str, np.ndarray], j: int, sprites: _Sprites,
             unit["against"] = (names[order[-1]], f"−{-w[order[-1]]:.2f}")
     if state == "dead":
         return unit
-    pref = int(stats["preferred_class"][j])
     edges = stats["hist_edges"][j]
     unit.update(freq=_pct(stats["frequency"][j]), count=f"{int(stats['fire_count'][j]):,}",
-                mean=_num(stats["mean_activation"][j]), max=_num(stats["max_activation"][j]),
-                pref=names[pref], sel=_num(stats["selectivity"][j]),
-                rare=not bool(stats["ranked"][j]), cos=_num(stats["atom_cosine"][j]),
-                hist=_hist(stats["hist_counts"][j], edges[0], edges[-1]),
-                class_svg=_class_svg(stats["class_dist"][j], stats["class_rate"][j], pref, names))
+                mean=_num(stats["mean_activation"][j], act_fmt),
+                max=_num(stats["max_activation"][j], act_fmt),
+                rare=not bool(stats["ranked"][j]), cos=_num(stats["atom_cosine"][j], _SHARE),
+                hist=_hist(stats["hist_counts"][j], edges[0], edges[-1], act_fmt))
+    if names is not None:
+        pref = int(stats["preferred_class"][j])
+        top = stats["top_label"][j]
+        unit.update(pref=names[pref], sel=_num(stats["selectivity"][j], _SHARE),
+                    pref_count=int((top == pref).sum()), top_count=int((top >= 0).sum()),
+                    class_svg=_class_svg(stats["class_dist"][j], stats["class_rate"][j], pref,
+                                         names))
     top_attr = stats["top_attribution"][j] if "top_attribution" in stats else None
     groups = [_group("Top activations", "", stats["top_index"][j], stats["top_activation"][j],
-                     stats["top_label"][j], top_attr, sprites, names)]
+                     stats["top_label"][j], top_attr, sprites, names, act_fmt)]
     n_bands = stats["band_index"].shape[1]
     for b in range(n_bands):
         if stats["band_index"][j, b, 0] < 0:
             continue
         attr = stats["band_attribution"][j, b] if "band_attribution" in stats else None
-        span = (f"activation {_num(stats['band_low'][j, b])}–"
-                f"{_num(stats['band_high'][j, b])}")
+        span = (f"activation {_num(stats['band_low'][j, b], act_fmt)}–"
+                f"{_num(stats['band_high'][j, b], act_fmt)}")
         groups.append(_group(f"Band {b + 1} of {n_bands}", span, stats["band_index"][j, b],
                              stats["band_activation"][j, b], stats["band_label"][j, b], attr,
-                             sprites, names))
+                             sprites, names, act_fmt))
     unit["groups"] = groups
     return unit
 
 
-def _row(stats: dict[str, np.ndarray], j: int, names: Sequence[str]) -> dict:
+def _row(stats: dict[str, np.ndarray], j: int, names: Sequence[str] | None,
+         act_fmt: str) -> dict:
     """One row of the index; the data-* values are what the script sorts and filters by
-    (an empty one sorts last)."""
+    (an empty one sorts last). Every column has one number format (``act_fmt`` for the
+    activations)."""
     state = _state(stats, j)
     pref = int(stats["preferred_class"][j])
     sel = float(stats["selectivity"][j])
@@ -284,10 +303,10 @@ def _row(stats: dict[str, np.ndarray], j: int, names: Sequence[str]) -> dict:
             "sel": f"{sel:.4f}" if ranked else "", "cls": pref if pref >= 0 else "",
             "st": _STATE_ORDER[state], "state": state,
             "freq_text": _pct(stats["frequency"][j]),
-            "mean_text": _num(stats["mean_activation"][j]),
-            "max_text": _num(stats["max_activation"][j]), "sel_text": _num(sel),
-            "rare": math.isfinite(sel) and not ranked,
-            "cls_name": names[pref] if pref >= 0 else "–"}
+            "mean_text": _num(stats["mean_activation"][j], act_fmt),
+            "max_text": _num(stats["max_activation"][j], act_fmt),
+            "sel_text": _num(sel, _SHARE), "rare": math.isfinite(sel) and not ranked,
+            "cls_name": names[pref] if names is not None and pref >= 0 else "–"}
 
 
 def _grid(atoms: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
@@ -303,6 +322,7 @@ def _grid(atoms: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
 
 _COLUMNS = [("j", "unit"), ("freq", "frequency"), ("mean", "mean act."), ("max", "max act."),
             ("sel", "selectivity"), ("cls", "prefers"), ("st", "status")]
+_CLASS_COLUMNS = ("sel", "cls")  # not shown for data without labels
 
 
 def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title: str,
@@ -310,7 +330,7 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
                          embedding_png: bytes | None = None,
                          embedding_beside_pixels: bool = True,
                          report: tuple[str, bool] | None = None,
-                         texts: Sequence[str] | None = None) -> str:
+                         texts: Sequence[str] | None = None, labelled: bool = True) -> str:
     """The complete, self-contained HTML text of a feature browser.
 
     Args:
@@ -328,6 +348,8 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
         report: (relative href of the run's ``report.html``, whether it exists now), or None
             for no link.
         texts: a text per input, shown instead of images (``images`` may then be None).
+        labelled: whether the inputs have classes; without them the page shows nothing of
+            classes (no class columns, filter, chart or tile labels).
 
     Atoms whose length is not the images' pixel count (activations of a network's layer, shown
     by their source images) are drawn on their own grid, D values row by row.
@@ -359,7 +381,9 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
     per_unit = min(shown, ATTRIBUTION_BUDGET // max(h, 1))
     sprites = _Sprites(stats, per_unit)
     sprites.texts = None if texts is None else list(texts)
-    units = [_unit(stats, j, sprites, names) for j in range(h)]
+    act_fmt = _decimals_fmt(stats["max_activation"])  # mean and max activations alike
+    shown_names = names if labelled else None
+    units = [_unit(stats, j, sprites, shown_names, act_fmt) for j in range(h)]
     atom_png, atom_cols = _sprite_png(_atom_tiles(atoms, atom_shape), _diverging_palette())
     scale = max(1, min(_SCALE_ATOM, 96 // max(atom_shape)))  # large grids drawn smaller
     css = _sprite_css(".sa", atom_png, atom_cols, math.ceil(h / atom_cols), atom_shape, scale)
@@ -394,11 +418,13 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
         title=title, subtitle=subtitle, summary=summary, base_css=Markup(PAGE_CSS),
         sprite_css=Markup(css), report=None if report is None else
         {"href": report[0], "exists": report[1]},
-        min_firings=int(stats["min_firings"]), class_names=names, columns=_COLUMNS,
-        rows=[_row(stats, j, names) for j in range(h)], units=units, short=short,
-        legend=list(enumerate(names)) if short != names else [],
+        min_firings=int(stats["min_firings"]), class_names=names, labelled=labelled,
+        columns=[c for c in _COLUMNS if labelled or c[0] not in _CLASS_COLUMNS],
+        rows=[_row(stats, j, shown_names, act_fmt) for j in range(h)], units=units,
+        short=short, legend=list(enumerate(names)) if labelled and short != names else [],
         n_inputs=f"{n:,}", n_top=stats["top_index"].shape[1],
         n_bands=stats["band_index"].shape[1], per_band=stats["band_index"].shape[2],
-        has_attribution="top_attribution" in stats, embedding=embedding,
+        has_attribution="top_attribution" in stats, images_in=embedding_beside_pixels,
+        embedding=embedding,
         embedding_beside_pixels=embedding_beside_pixels,
         attribution_cut=per_unit if per_unit < shown else None)

@@ -61,7 +61,10 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
           number of classes present (:func:`sae.metrics.class_selectivity`): 1 for a unit that
           fires on one class only, 0 for one that fires at the same rate in every class. NaN for
           dead units and when C' < 2;
-        - ``preferred_class`` [H]: argmax of ``class_rate``, -1 for dead units;
+        - ``preferred_class`` [H]: the class the unit *prefers*: the class most of its top
+          inputs belong to (``top_label``; a tie goes to the class whose inputs among them have
+          the larger summed activation), so that it is what its strongest firings show; -1
+          for dead units;
         - ``top_index``, ``top_activation``, ``top_label`` [H, K]: the inputs with the largest
           activation, largest first, and their classes; slots beyond the unit's firing count
           hold index -1, activation 0 and label -1;
@@ -119,7 +122,7 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
     class_rate = (fires.T.astype(np.float32) @ onehot) / np.maximum(class_total, 1)  # [H, C]
     rate_sum = class_rate.sum(1, keepdims=True)
     class_dist = class_rate / np.where(rate_sum > 0, rate_sum, 1.0)
-    preferred, selectivity = (t.numpy() for t in class_selectivity(
+    _, selectivity = (t.numpy() for t in class_selectivity(
         torch.from_numpy(class_rate.T), torch.from_numpy(class_total > 0)))
 
     k = min(n_top, n)
@@ -134,6 +137,8 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
     if k < n_top:
         top_index = np.pad(top_index, ((0, 0), (0, n_top - k)), constant_values=-1)
         top_act = np.pad(top_act, ((0, 0), (0, n_top - k)))
+
+    preferred = _preferred(top_index, top_act, labels, c)
 
     rows, units = np.nonzero(fires)
     width = (max_act - threshold) / bins
@@ -200,6 +205,23 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
         "n_inputs": np.asarray(n),
         "threshold": np.asarray(float(threshold)),
     }
+
+
+def _preferred(top_index: np.ndarray, top_act: np.ndarray, labels: np.ndarray,
+               n_classes: int) -> np.ndarray:
+    """``[H]`` the class most of each unit's top inputs (``top_index`` [H, K], -1 for an empty
+    slot) belong to; a tie goes to the class of the larger summed activation among them; -1
+    for a unit with no top input (dead)."""
+    h = len(top_index)
+    valid = top_index >= 0
+    unit = np.repeat(np.arange(h), top_index.shape[1])[valid.ravel()]
+    cls = labels[top_index[valid]]
+    votes = np.zeros((h, n_classes))
+    np.add.at(votes, (unit, cls), 1.0)
+    mass = np.zeros((h, n_classes))
+    np.add.at(mass, (unit, cls), top_act[valid].astype(np.float64))
+    tied = np.where(votes == votes.max(1, keepdims=True), mass, -np.inf)
+    return np.where(valid.any(1), tied.argmax(1), -1)
 
 
 def band_examples(codes: np.ndarray, fires: np.ndarray, n_bands: int = N_BANDS,

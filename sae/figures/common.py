@@ -7,7 +7,8 @@ training callback without leaking memory. Nothing in the package shows or saves 
 TensorBoard.
 
 Every model keeps one colour and marker in every figure (:func:`model_style`), fixed by its
-kind and name, not by the other models a figure happens to hold.
+name, not by the other models a figure happens to hold, and the models of one figure have
+colours told apart (:func:`model_styles`).
 
 Seaborn's look (``whitegrid`` style, ``paper`` context) is applied per figure through a temporary
 ``rc_context`` (:func:`styled`) rather than ``seaborn.set_theme``, so importing the package changes
@@ -16,7 +17,6 @@ no global state.
 
 from __future__ import annotations
 
-import colorsys
 import functools
 import io
 import math
@@ -36,9 +36,10 @@ from matplotlib.figure import Figure
 
 from sae.io import atomic_file
 
-__all__ = ["DPI", "MODEL_STYLES", "drop_unused", "empty_note", "figure_to_png_bytes",
-           "figure_to_rgb", "grid_shape", "l0_edges", "model_style", "save_png", "seeds_note",
-           "styled", "tile_centre", "tile_mosaic"]
+__all__ = ["DISTINCT", "DPI", "MODEL_STYLES", "NAMED_STYLES", "colour_distance", "drop_unused",
+           "empty_note", "figure_to_png_bytes", "figure_to_rgb", "grid_shape", "l0_edges",
+           "model_style", "model_styles", "save_png", "seeds_note", "styled", "tile_centre",
+           "tile_mosaic"]
 
 DPI = 150  # one resolution for every saved figure, so PNGs of different runs compare 1:1
 
@@ -98,9 +99,8 @@ def save_png(fig: Figure, path: str | os.PathLike[str], dpi: int = DPI) -> Path:
 # --------------------------------------------------------------------------- model styles
 
 # kind -> (colour, marker): one look per model kind in every figure, whatever else a figure
-# shows. Colour-blind-safe hues of matplotlib's tab10; related mechanisms sit near each other
-# (sparsemax / entmax warm, topk / batchtopk green-teal) and markers differ as well, so models
-# stay apart in grey print.
+# shows: the hues of matplotlib's tab10, markers that differ too, so models stay apart in grey
+# print.
 MODEL_STYLES: dict[str, tuple[str, str]] = {
     "l1": ("#1f77b4", "o"),
     "kl": ("#7f7f7f", "s"),
@@ -111,61 +111,125 @@ MODEL_STYLES: dict[str, tuple[str, str]] = {
     "jumprelu": ("#9467bd", "X"),
 }
 
-# the variants the published comparisons show, each a look of its own that no hash can bring
-# near another's (colour, marker, line style)
+# every other model name of the presets (experiments/*.yaml) and the published comparisons, a
+# look of its own (colour, marker, line style). The colours are at least 13 apart (CIEDE2000,
+# :func:`colour_distance`) from every other name's here, the kinds' included, and at least 17
+# from those of the models on the same page, whose markers differ too: a variant is no longer a
+# shade of its kind's hue, which left sparsemax and its variants nearly the same red.
 NAMED_STYLES: dict[str, tuple[str, str, object]] = {
-    "sparsemax-attention": ("#e377c2", "*", "-"),
-    "sparsemax-batch": ("#8c564b", "s", "--"),
-    "sparsemax-normalized": ("#ff9896", "d", ":"),
-    "sparsemax-global": ("#7b0f12", "p", "-."),
-    "jumprelu-shared": ("#c5b0d5", "h", "--"),
-    "jumprelu-shared-gain": ("#4b2a75", "8", "-."),
-    "batchtopk-ste": ("#0b6e78", "H", "--"),
+    "sparsemax-attention": ("#000000", "*", "-"),
+    "sparsemax-batch": ("#e7969c", "<", "--"),
+    "sparsemax-normalized": ("#bcbd22", ">", "-."),
+    "sparsemax-global": ("#beaed4", "p", "-."),
+    "sparsemax-own": ("#e78ac3", "*", ":"),
+    "sparsemax-previous": ("#8da0cb", "<", (0, (5, 1, 1, 1))),
+    "sparsemax-threshold": ("#7b4173", "<", "--"),
+    "sparsemax-learned": ("#843c39", "*", "-."),
+    "sparsemax-ste": ("#637939", "p", ":"),
+    "sparsemax-learned-ste": ("#bf5b17", "h", (0, (5, 1, 1, 1))),
+    "sparsemax-normalized-ste": ("#7fc97f", "H", "--"),
+    "sparsemax-power1.5": ("#e6ab02", "*", "-."),
+    "sparsemax-power3": ("#1b9e77", "<", ":"),
+    "jumprelu-shared": ("#393b79", "p", ":"),
+    "jumprelu-shared-gain": ("#f0027f", "h", (0, (5, 1, 1, 1))),
+    "batchtopk-ste": ("#8c6d31", "H", "--"),
 }
 
-# a variant of a kind (a sweep entry named 'sparsemax-learned'): its kind's hue made lighter or
-# darker, with its own marker and line style, each picked from these by a hash of its name
-_VARIANT_SHADES = (-0.3, -0.24, -0.18, -0.12, -0.06, 0.06, 0.12, 0.18, 0.24, 0.3)
+# any other name: a colour of this palette picked by a hash of the name (when it is not too
+# close to another model's on the same figure, :func:`model_styles`), a marker and a line style
+_PALETTE = ("#8c564b", "#bcbd22", "#393b79", "#637939", "#843c39", "#7b4173", "#e7298a",
+            "#1b9e77", "#d95f02", "#7570b3", "#66a61e", "#e6ab02", "#a6761d", "#666666",
+            "#b15928", "#6a3d9a", "#1f78b4", "#33a02c", "#fb9a99", "#cab2d6", "#000000")
 _VARIANT_MARKERS = ("<", ">", "p", "h", "*", "d", "8", "H")
 _VARIANT_LINES = ("--", "-.", ":", (0, (5, 1, 1, 1)))
-# models of an unknown kind: neutral-ish colours unused by MODEL_STYLES
-_OTHER_COLOURS = ("#8c564b", "#e377c2", "#bcbd22", "#393b79", "#637939", "#843c39")
+DISTINCT = 13.0  # CIEDE2000 below which two colours of one figure are too alike
+
+
+def _lab(colour: str) -> np.ndarray:
+    """CIELAB coordinates of an sRGB colour (D65 white)."""
+    rgb = np.asarray(mcolors.to_rgb(colour))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
+                    [0.0193, 0.1192, 0.9505]]) @ linear / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def colour_distance(a: str, b: str) -> float:
+    """How different two colours look: their CIEDE2000 colour difference (Sharma, Wu & Dalal,
+    2005); about 1 is a just noticeable difference, 10 and more an obvious one."""
+    (l1, a1, b1), (l2, a2, b2) = _lab(a), _lab(b)
+    c_mean = (np.hypot(a1, b1) + np.hypot(a2, b2)) / 2
+    g = 0.5 * (1 - np.sqrt(c_mean ** 7 / (c_mean ** 7 + 25.0 ** 7)))
+    a1, a2 = (1 + g) * a1, (1 + g) * a2
+    c1, c2 = np.hypot(a1, b1), np.hypot(a2, b2)
+    h1, h2 = np.degrees(np.arctan2(b1, a1)) % 360, np.degrees(np.arctan2(b2, a2)) % 360
+    dh = 0.0 if c1 * c2 == 0 else (h2 - h1 + 180) % 360 - 180
+    dl, dc, dhh = l2 - l1, c2 - c1, 2 * np.sqrt(c1 * c2) * np.sin(np.radians(dh / 2))
+    l_mean, c_mean = (l1 + l2) / 2, (c1 + c2) / 2
+    h_mean = h1 + h2 if c1 * c2 == 0 else (h1 + h2) / 2 if abs(h1 - h2) <= 180 else \
+        (h1 + h2 + 360) / 2 if h1 + h2 < 360 else (h1 + h2 - 360) / 2
+    t = (1 - 0.17 * np.cos(np.radians(h_mean - 30)) + 0.24 * np.cos(np.radians(2 * h_mean))
+         + 0.32 * np.cos(np.radians(3 * h_mean + 6)) - 0.20 * np.cos(np.radians(4 * h_mean - 63)))
+    sl = 1 + 0.015 * (l_mean - 50) ** 2 / np.sqrt(20 + (l_mean - 50) ** 2)
+    sc, sh = 1 + 0.045 * c_mean, 1 + 0.015 * c_mean * t
+    rt = (-2 * np.sqrt(c_mean ** 7 / (c_mean ** 7 + 25.0 ** 7))
+          * np.sin(np.radians(60 * np.exp(-(((h_mean - 275) / 25) ** 2)))))
+    return float(np.sqrt((dl / sl) ** 2 + (dc / sc) ** 2 + (dhh / sh) ** 2
+                         + rt * (dc / sc) * (dhh / sh)))
+
+
+def _pick(options: tuple, salt: str, name: str):
+    # one independent hash per property (CRC-32: the same in every process)
+    return options[zlib.crc32(f"{salt}:{name}".encode()) % len(options)]
 
 
 def model_style(name: str, kind: str | None = None) -> dict[str, object]:
     """Colour, marker and line style of a model in every figure: ``{"color", "marker", "ls"}``.
 
-    A function of the model's own name (and kind) only, never of which other models a figure
-    holds, so a model looks the same in every comparison and preset. ``kind`` is the ``sae.run``
-    model behind a sweep entry; when it is not given, the name is taken as the kind, or the part
-    before its first ``-`` (``sparsemax-learned`` -> ``sparsemax``). A model named as its kind
-    gets the kind's style of :data:`MODEL_STYLES` with a solid line; any other name (a variant)
-    gets its kind's hue shaded lighter or darker, another marker and a broken line, chosen by a
-    stable hash of the name (CRC-32, the same in every process), except the variants of
-    :data:`NAMED_STYLES`, which the published comparisons show and which each have a look of
-    their own. An unknown kind gets a colour of its own, also by hash.
+    A function of the model's own name only, never of which other models a figure holds, so a
+    model looks the same in every comparison and preset: a kind of :data:`MODEL_STYLES` its
+    look with a solid line, a name of :data:`NAMED_STYLES` its own; any other name a colour,
+    marker and broken line picked by a stable hash of the name (CRC-32, the same in every
+    process), which :func:`model_styles` moves away from another model's colour on the same
+    figure. ``kind`` (the ``sae.run`` model behind a sweep entry) is accepted for the callers
+    that know it; the look does not depend on it.
     """
     name = str(name)
     if name in NAMED_STYLES:
         colour, marker, ls = NAMED_STYLES[name]
         return {"color": colour, "marker": marker, "ls": ls}
-    if kind is None or str(kind) not in MODEL_STYLES:
-        kind = name if name in MODEL_STYLES else name.split("-")[0]
-    kind = str(kind)
-    def pick(options: tuple, salt: str):
-        # one independent hash per property, so two names sharing a shade rarely share more
-        return options[zlib.crc32(f"{salt}:{name}".encode()) % len(options)]
-
-    if kind not in MODEL_STYLES:
-        return {"color": pick(_OTHER_COLOURS, "colour"), "marker": pick(_VARIANT_MARKERS, "marker"),
-                "ls": "-"}
-    colour, marker = MODEL_STYLES[kind]
-    if name == kind:
+    if name in MODEL_STYLES:
+        colour, marker = MODEL_STYLES[name]
         return {"color": colour, "marker": marker, "ls": "-"}
-    h, lightness, sat = colorsys.rgb_to_hls(*mcolors.to_rgb(colour))
-    lightness = min(max(lightness + pick(_VARIANT_SHADES, "shade"), 0.15), 0.85)
-    return {"color": mcolors.to_hex(colorsys.hls_to_rgb(h, lightness, sat)),
-            "marker": pick(_VARIANT_MARKERS, "marker"), "ls": pick(_VARIANT_LINES, "line")}
+    return {"color": _pick(_PALETTE, "colour", name), "marker": _pick(_VARIANT_MARKERS,
+                                                                      "marker", name),
+            "ls": _pick(_VARIANT_LINES, "line", name)}
+
+
+def model_styles(names, kinds=None) -> dict[str, dict[str, object]]:
+    """:func:`model_style` of every model of one figure, every colour told apart: a name of
+    :data:`MODEL_STYLES` or :data:`NAMED_STYLES` keeps its own look (they are far apart
+    already), and a name of neither whose hashed colour is within :data:`DISTINCT` of a colour
+    already on the figure takes the first colour of the palette that is not (the farthest one
+    when none is), in the order of the names. ``kinds``: the ``sae.run`` model of each name."""
+    names = list(dict.fromkeys(str(n) for n in names))
+    kinds = dict(zip(names, kinds, strict=False)) if kinds is not None else {}
+    styles = {n: model_style(n, kinds.get(n)) for n in names}
+    fixed = [n for n in names if n in MODEL_STYLES or n in NAMED_STYLES]
+    taken = [styles[n]["color"] for n in fixed]
+    for name in (n for n in names if n not in fixed):
+        def gap(colour: str) -> float:
+            return min((colour_distance(colour, t) for t in taken), default=np.inf)
+
+        colour = styles[name]["color"]
+        if gap(colour) < DISTINCT:
+            start = _PALETTE.index(colour)
+            order = _PALETTE[start:] + _PALETTE[:start]
+            colour = next((c for c in order if gap(c) >= DISTINCT), max(order, key=gap))
+        styles[name] = {**styles[name], "color": colour}
+        taken.append(colour)
+    return styles
 
 
 def seeds_note(n_seeds) -> str:

@@ -23,7 +23,7 @@ _VAL_COLOUR = "C1"
 # (panel title, y label, ((column, legend label), ...)) in display order.
 _CURVE_PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("Total loss", "loss", (("train/loss", "train"), ("val/loss", "val"))),
-    ("Reconstruction error", "mean squared error per pixel", (("val/mse", "val"),)),
+    ("Reconstruction error", "mean squared error per input value", (("val/mse", "val"),)),
     # train/recon is the loss's reconstruction term ‖x − x̂‖² / E‖x − x̄‖²: the batch FVU
     ("Fraction of variance unexplained", "FVU (0 = perfect)",
      (("train/recon", "train (batch)"), ("val/fvu", "val"))),

@@ -65,12 +65,14 @@ def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS, seed: int
     index = np.sort(rng.choice(len(codes), size=n, replace=False))
     data = np.nan_to_num(codes[index])
     dims = min(_PCA_DIMS, n, data.shape[1])
-    if data.shape[1] > dims:
-        data = PCA(n_components=dims, random_state=seed).fit_transform(data)
     perplexity = min(30.0, (n - 1) / 3)
     tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", max_iter=500,
                 angle=angle, random_state=seed)
-    with threadpool_limits(1):  # see the module docstring: OpenMP runtimes fight otherwise
+    # one thread (see the module docstring: OpenMP runtimes fight otherwise), the PCA's too, so
+    # that the result is the same bit for bit whatever else runs
+    with threadpool_limits(1):
+        if data.shape[1] > dims:
+            data = PCA(n_components=dims, random_state=seed).fit_transform(data)
         return tsne.fit_transform(data), index
 
 
@@ -78,10 +80,16 @@ def embed_many(arrays: list[np.ndarray], max_points: int = EMBED_MAX_POINTS, see
                angle: float = EMBED_ANGLE) -> list[tuple[np.ndarray, np.ndarray]]:
     """:func:`embed_codes` of several ``[N, *]`` arrays of the same N inputs, one thread each:
     the same subset of rows (the subset depends on N and ``seed`` only), each result equal to
-    its own :func:`embed_codes` call."""
+    its own :func:`embed_codes` call, bit for bit, in every call."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max(1, len(arrays))) as pool:
+    import sklearn.manifold  # noqa: F401 (its OpenMP runtime loaded, so that the limit holds it)
+    from threadpoolctl import threadpool_limits
+
+    # One limit around all the threads: the limit is the process's, so a thread that left its
+    # own limit first would lift it under the others, whose gradients would then be summed by
+    # several OpenMP threads in a varying order (the same run, another picture).
+    with threadpool_limits(1), ThreadPoolExecutor(max(1, len(arrays))) as pool:
         return list(pool.map(lambda a: embed_codes(a, max_points, seed, angle), arrays))
 
 
@@ -102,7 +110,8 @@ def embedding_figure(codes: np.ndarray, labels: np.ndarray,
                      class_names: list[str] | None = None, max_points: int = EMBED_MAX_POINTS,
                      seed: int = 0, pixels: np.ndarray | None = None) -> Figure:
     """Scatter plot of a t-SNE embedding of test codes, one colour per class, beside the same
-    embedding of the same inputs' pixels when ``pixels`` is given.
+    embedding of the same inputs' pixels when ``pixels`` is given. With a single class (data
+    without labels) the points take one colour and the figure names no class.
 
     Args:
         codes: ``[N, H]`` code activations.
@@ -136,10 +145,11 @@ def embedding_figure(codes: np.ndarray, labels: np.ndarray,
             empty_note(ax, f"only {len(codes)} codes: too few to embed")
         return fig
     what = "their codes" if pixels is None else "their codes (left) and raw pixels (right)"
-    fig.suptitle(f"t-SNE of {len(points):,} of the {len(codes):,} test inputs, coloured by "
-                 f"class: {what}")
     shown = labels[index]
     n_classes = max(int(labels.max()) + 1, len(class_names or []))
+    coloured = ", coloured by class" if n_classes > 1 else ""  # one class: data without labels
+    fig.suptitle(f"t-SNE of {len(points):,} of the {len(codes):,} test inputs{coloured}: "
+                 f"{what}")
     names = list(class_names or []) + [str(c) for c in range(len(class_names or []), n_classes)]
     colours = mpl.colormaps["tab10" if n_classes <= 10 else "tab20"]
     titles = ["the SAE's codes", "the same inputs' raw pixels"]
@@ -147,6 +157,7 @@ def embedding_figure(codes: np.ndarray, labels: np.ndarray,
         _scatter(ax, pts, shown, names, colours)
         if pixels is not None:
             ax.set_title(title)
-    fig.legend(*axes[0].get_legend_handles_labels(), title="class", loc="outside right center",
-               markerscale=2.5, frameon=False)
+    if n_classes > 1:
+        fig.legend(*axes[0].get_legend_handles_labels(), title="class",
+                   loc="outside right center", markerscale=2.5, frameon=False)
     return fig

@@ -114,7 +114,8 @@ def sparsity_histogram(
 
     Args:
         l0: ``[N]`` number of active units of each input.
-        labels: ``[N]`` integer class of each input, or None for the overall histogram only.
+        labels: ``[N]`` integer class of each input, or None for the overall histogram only
+            (as for a single class: data without labels).
         class_names: ``[C]`` names of classes ``0..C-1``; classes without samples still get a
             facet (marked "no samples") so facets line up across runs.
 
@@ -125,6 +126,9 @@ def sparsity_histogram(
     l0 = np.asarray(l0).ravel()
     edges, width = l0_edges(l0)
     xlabel = "L0 (active units per input)" + (f", bins of {width}" if width > 1 else "")
+    if labels is not None and len(set(range(len(class_names or []))) |
+                                  {int(c) for c in np.unique(labels)}) < 2:
+        labels = None  # one class (data without labels): its facet would repeat the overall
     if labels is None:
         fig = Figure(figsize=(6.0, 3.8), layout="constrained")
         ax = fig.add_subplot()
@@ -252,7 +256,7 @@ def class_unit_heatmap(
     width = min(max(6.0, 0.075 * k + 2.5), 16.0)
     fig = Figure(figsize=(width, 0.32 * max(c, 1) + 3.0), layout="constrained")
     fig.suptitle(f"Firing frequency per class: {k} most frequent of {h:,} units, "
-                 "grouped by preferred class")
+                 "grouped by the class each fires in most often")
     if c == 0 or k == 0:
         empty_note(fig.add_subplot(), "no classes" if c == 0 else "no units")
         return fig
@@ -282,7 +286,8 @@ def class_unit_heatmap(
     ax.set_xticks(np.arange(0, k, step), [str(j) for j in order[::step]], rotation=90,
                   fontsize="x-small")
     ax.set_yticks(np.arange(c), names)
-    ax.set(xlabel="unit index (grouped by preferred class, most selective first)",
+    ax.set(xlabel="unit index (grouped by the class of its highest firing rate, most "
+                  "selective first)",
            ylabel="class")
     fig.colorbar(im, ax=[strip, ax], label="fraction of class inputs\n(square-root scale)")
     return fig

@@ -226,16 +226,17 @@ def to_markdown(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()) -
     return "\n".join(lines)
 
 
-def to_html(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset(), wide: bool = False):
+def to_html(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset(), wide: bool = False,
+            stack: bool = False):
     """An HTML ``<table>`` (:func:`sae.pages.table`: escaped text; number cells get class
     ``num``; cells of ``best``, (row position, column heading), are marked ``best``; ``wide``:
-    the box spans the window)."""
+    the box spans the window; ``stack``: a list of its rows on a narrow screen)."""
     from sae import pages
 
     heads = [str(c) for c in table.columns]
     marked = {(r, heads.index(head)) for r, head in best if head in heads}
     return pages.table(heads, table.itertuples(index=False), cell_class=_cell_class,
-                       best=marked, wide=wide)
+                       best=marked, wide=wide, stack=stack)
 
 
 def _cell_class(_: int, text: str) -> str | None:

@@ -4,8 +4,9 @@ The comparison figures take the seed summary of :mod:`sae.sweep.aggregate` (one 
 configuration, i.e. dataset x model x lambda-or-k, with ``<metric>_mean`` / ``<metric>_std`` over
 seeds) or long-form frames of per-sample values, and draw one panel per dataset, in the style of
 :mod:`sae.figures` (which knows nothing of sweeps). A model looks the same in every figure and
-every preset: colour, marker and line style come from its kind and name
-(:func:`sae.figures.common.model_style`), never from the other models present. Titles say what
+every preset: colour, marker and line style come from its name
+(:func:`sae.figures.common.model_style`), never from the other models present, and no two
+models of a figure share a colour (:func:`sae.figures.common.model_styles`). Titles say what
 the error bars are only as far as the seeds allow (:func:`sae.figures.common.seeds_note`), and
 are wrapped to the figure's width.
 """
@@ -19,8 +20,10 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
+from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import (
     FuncFormatter,
     LogLocator,
@@ -29,7 +32,7 @@ from matplotlib.ticker import (
     PercentFormatter,
 )
 
-from sae.figures.common import empty_note, l0_edges, model_style, seeds_note, styled
+from sae.figures.common import empty_note, l0_edges, model_styles, seeds_note, styled
 from sae.sweep.aggregate import PROBE_METRICS, exact_zeros
 
 __all__ = ["class_l0_heatmap", "fvu_l0_pareto", "l0_distributions", "l0_ink_correlation",
@@ -37,10 +40,12 @@ __all__ = ["class_l0_heatmap", "fvu_l0_pareto", "l0_distributions", "l0_ink_corr
 
 
 def _styles(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
-    """Model name -> its style (:func:`model_style`, from its name and its ``kind`` column)."""
+    """Model name -> its style (:func:`model_styles`: its own, the figure's colours told
+    apart)."""
     kinds = frame["kind"] if "kind" in frame else pd.Series([None] * len(frame), dtype=object)
-    return {m: model_style(m, k if isinstance(k, str) else None)
-            for m, k in dict(zip(frame["model"], kinds, strict=True)).items()}
+    by_model = dict(zip(frame["model"], kinds, strict=True))
+    return model_styles(list(by_model), [k if isinstance(k, str) else None
+                                         for k in by_model.values()])
 
 
 def _title(fig: Figure, text: str) -> None:
@@ -101,25 +106,38 @@ def _pareto_front(l0: np.ndarray, err: np.ndarray) -> np.ndarray:
 
 # offsets (points) tried in turn for a point's λ / k label: beside the point first, then a
 # little above and below it; the first whose box is free wins (further away, a label would
-# seem to name another point, so it is left out instead)
+# seem to name another point, so it is left out instead, unless it must be shown: a k)
 _LABEL_OFFSETS = ((5, 4), (5, -11), (-5, 4), (-5, -11), (5, 12), (5, -19), (-5, 12), (-5, -19),
                   (0, 8), (0, -15))
+# a label that must be shown and finds none of those free is moved further out, onto rings
+# around its point (distances in points, 16 directions each), joined to it by a thin line
+_LEADER_RINGS = (20, 28, 38, 50, 64, 80)
+_MARKER_SIZE = 5.0  # points: the markers of the lines (a label keeps off them too)
 
 
-def _line_points(ax: Axes, to_axes, step: float = 0.01) -> np.ndarray:
-    """Points along every line drawn in ``ax`` (its data lines, error-bar caps and the Pareto
-    steps), in axes fractions, about ``step`` apart: what a label must not cover."""
-    out = []
+def _line_points(ax: Axes, step: float = 0.01) -> np.ndarray:
+    """Points along every line drawn in ``ax`` (its data lines, error bars and caps, the Pareto
+    steps, the labels' leader lines), in axes fractions, about ``step`` apart: what a label
+    must not cover."""
+    frac = ax.transAxes.inverted()
+    paths = []  # (xy, transform to display)
     for line in ax.get_lines():
         xy = np.column_stack([np.asarray(line.get_xdata(), float),
                               np.asarray(line.get_ydata(), float)])
-        xy = xy[np.isfinite(xy).all(1)]
-        if len(xy) == 0:
-            continue
         if line.get_drawstyle() == "steps-post" and len(xy) > 1:  # the corners of the steps
             corners = np.column_stack([xy[1:, 0], xy[:-1, 1]])
             xy = np.insert(xy, np.arange(1, len(xy)), corners, axis=0)
-        f = to_axes.transform(xy)
+        paths.append((xy, line.get_transform()))
+    for collection in ax.collections:  # the error bars
+        if isinstance(collection, LineCollection):
+            paths += [(np.asarray(seg, float), collection.get_transform())
+                      for seg in collection.get_segments()]
+    out = []
+    for xy, transform in paths:
+        xy = xy[np.isfinite(xy).all(1)] if len(xy) else xy
+        if len(xy) == 0:
+            continue
+        f = frac.transform(transform.transform(xy))
         out.append(f)
         for a, b in zip(f[:-1], f[1:], strict=True):
             n = int(np.hypot(*(b - a)) / step)
@@ -142,40 +160,103 @@ def _place_labels(fig: Figure, pending: list[tuple[Axes, list]]) -> None:
         _label_axes(ax, points)
 
 
-def _label_axes(ax: Axes, points: list[tuple[float, float, str, str]]) -> None:
-    """Label points ``(x, y, text, colour)`` where no label overlaps another label or a line.
+def _label_axes(ax: Axes, points: list[tuple]) -> None:
+    """Label points ``(x, y, text, colour, rank)`` where no label overlaps another label, a
+    line or a marker.
 
-    Simple greedy placement in axes-fraction coordinates (no extra package): each label takes
-    the first offset of :data:`_LABEL_OFFSETS` whose box overlaps no box placed before it,
-    crosses no line or marker of the axes (:func:`_line_points`) and stays inside the axes.
-    The boxes are the drawn texts' own extents, measured once the figure's layout has given
-    the axes their final size (an estimate from the text's length and the axes' size before
-    layout let labels of crowded points overlap). The ends of each line are placed first, so
-    when a crowded middle label finds no free place, it is the one left out (the legend and
-    the table still name every setting). The figure's layout must be done (:func:`_place_labels`).
+    Simple greedy placement in axes-fraction coordinates (no extra package), in order of
+    ``rank`` (0: a label that must be shown, a fixed budget's k; 1: the ends of a line; 2: the
+    points between), so that when a crowded label finds no free place it is a middle λ that is
+    left out (the legend and the table still name every setting). Each label takes the first
+    offset of :data:`_LABEL_OFFSETS` whose box overlaps no box placed before it, holds no point
+    of a line, error bar or marker of the axes (:func:`_line_points`, the box widened by a
+    marker's radius) and stays inside the axes; a label of rank 0 or 1 that finds none goes
+    further out (:data:`_LEADER_RINGS`) with a thin line to its point that crosses no label
+    (later labels keep off it), and one of rank 0, failing that too, to the nearest place that
+    overlaps no other label. The boxes are the drawn texts' own extents, measured once the
+    figure's layout has given the axes their final size (an estimate from the text's length
+    and the axes' size before layout let labels of crowded points overlap).
+    The figure's layout must be done (:func:`_place_labels`).
     """
-    to_axes = ax.transScale + ax.transLimits  # data -> axes fraction
     frac = ax.transAxes.inverted()  # display -> axes fraction
-    pad = 0.5 * ax.figure.dpi / 72  # half a point to spare on every side, in display units
-    obstacles = _line_points(ax, to_axes)
+    per_point = ax.figure.dpi / 72  # display units per point
+    pad = 0.5 * per_point  # half a point to spare between labels
+    clear = (_MARKER_SIZE / 2 + 0.5) * per_point  # from a line, a marker's radius
+    obstacles = _line_points(ax)
     placed: list[tuple[float, float, float, float]] = []
-    for x, y, text, colour in points:
-        for dx, dy in _LABEL_OFFSETS:
-            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
-                                ha="right" if dx < 0 else ("center" if dx == 0 else "left"),
-                                va="bottom", fontsize="xx-small", color=colour)
-            extent = label.get_window_extent().padded(pad)
-            (x0, y0), (x1, y1) = frac.transform(extent.get_points())
-            box = (x0, y0, x1, y1)
-            free = (0 <= x0 and 0 <= y0 and x1 <= 1 and y1 <= 1
-                    and not any(x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1
-                                for b in placed)
-                    and not ((obstacles[:, 0] > x0) & (obstacles[:, 0] < x1)
-                             & (obstacles[:, 1] > y0) & (obstacles[:, 1] < y1)).any())
-            if free:
-                placed.append(box)
+
+    def box(label, margin: float) -> tuple[float, float, float, float]:
+        (x0, y0), (x1, y1) = frac.transform(
+            label.get_window_extent().padded(margin).get_points())
+        return x0, y0, x1, y1
+
+    def fits(label, lines: bool = True) -> bool:
+        x0, y0, x1, y1 = box(label, pad)
+        if not (0 <= x0 and 0 <= y0 and x1 <= 1 and y1 <= 1) or any(
+                x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in placed):
+            return False
+        x0, y0, x1, y1 = box(label, clear)
+        return not lines or not ((obstacles[:, 0] > x0) & (obstacles[:, 0] < x1)
+                                 & (obstacles[:, 1] > y0) & (obstacles[:, 1] < y1)).any()
+
+    def leader_line(label, x: float, y: float) -> np.ndarray:
+        """Points along the line from the label's edge to the marker's edge (axes
+        fractions), about a point apart."""
+        extent = label.get_window_extent().padded(pad)
+        centre = np.array([extent.x0 + extent.x1, extent.y0 + extent.y1]) / 2
+        way = ax.transData.transform((x, y)) - centre  # display units
+        half = np.array([extent.width, extent.height]) / 2
+        start = centre + way * min(half / np.maximum(np.abs(way), 1e-9))
+        end = centre + way * (1 - clear / max(float(np.hypot(*way)), 1e-9))
+        n = max(2, int(np.hypot(*(end - start)) / per_point))
+        return frac.transform(start + np.linspace(0, 1, n)[:, None] * (end - start))
+
+    # the markers' centres in display units: a leader line passing one would seem to name it
+    markers = np.concatenate([line.get_transform().transform(line.get_xydata())
+                              for line in ax.get_lines()
+                              if line.get_marker() not in (None, "", "None", " ")]
+                             or [np.zeros((0, 2))])
+
+    def crosses_a_label(line: np.ndarray, x: float, y: float) -> bool:
+        if any(((line[:, 0] > b[0]) & (line[:, 0] < b[2]) & (line[:, 1] > b[1])
+                & (line[:, 1] < b[3])).any() for b in placed):
+            return True
+        own = ax.transData.transform((x, y))
+        others = markers[np.hypot(*(markers - own).T) > 1.0]
+        shown = ax.transAxes.transform(line)
+        near = np.hypot(shown[:, None, 0] - others[None, :, 0],
+                        shown[:, None, 1] - others[None, :, 1])
+        return bool((near < 2 * clear).any())
+
+    far = [(r * np.cos(a), r * np.sin(a)) for r in _LEADER_RINGS
+           for a in np.deg2rad(np.arange(45, 405, 22.5))]
+    for x, y, text, colour, rank in sorted(points, key=lambda p: p[4]):
+        tries = [(dx, dy, False) for dx, dy in _LABEL_OFFSETS]
+        if rank <= 1:  # a k, or a line's end: further out, with a line to its point
+            tries += [(dx, dy, True) for dx, dy in far]
+        chosen = None
+        for lines in ((True, False) if rank == 0 else (True,)):
+            for dx, dy, leader in tries:
+                label = ax.annotate(
+                    text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                    ha="center" if leader or dx == 0 else "right" if dx < 0 else "left",
+                    va="center" if leader else "bottom", fontsize="xx-small", color=colour)
+                if fits(label, lines) and not (leader and crosses_a_label(
+                        leader_line(label, x, y), x, y)):
+                    chosen = (label, leader)
+                    break
+                label.remove()
+            if chosen:
                 break
-            label.remove()
+        if chosen is None:
+            continue
+        label, leader = chosen
+        placed.append(box(label, pad))
+        if leader:  # a thin line from the label to its point, which later labels keep off
+            line = leader_line(label, x, y)
+            ax.add_line(Line2D(line[[0, -1], 0], line[[0, -1], 1], transform=ax.transAxes,
+                               color=colour, lw=0.6, alpha=0.8))
+            obstacles = np.concatenate([obstacles, line])
 
 
 def _ends_first(n: int) -> list[int]:
@@ -189,8 +270,9 @@ def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str,
     """Per model: mean metric against mean L0 with seed error bars, points joined along L0.
 
     Each model is drawn in its style (``styles``; ``ls`` overrides its line style). Returns the
-    points to label with their λ or k, ``(x, y, text, colour)``, ends of each line first (for
-    :func:`_place_labels`, once every line of the axes is drawn).
+    points to label with their λ or k, ``(x, y, text, colour, rank)``: rank 0 for a fixed
+    budget's k (always shown), 1 for a line's ends, 2 between (for :func:`_place_labels`, once
+    every line of the axes is drawn).
     """
     labels = []
     for model, rows in part.groupby("model", sort=False):
@@ -204,9 +286,11 @@ def _metric_vs_l0(ax: Axes, part: pd.DataFrame, metric: str,
                     ls=style["ls"] if ls is None else ls, mfc="white" if hollow else colour,
                     label=f"{model}{suffix}")
         records = rows.reset_index(drop=True)
+        ends = {0, len(records) - 1}
         labels += [(records.loc[i, "l0_mean_mean"], records.loc[i, f"{metric}_mean"],
-                    _value_label(records.loc[i, "param"], records.loc[i, "value"]),
-                    colour) for i in _ends_first(len(records))]
+                    _value_label(records.loc[i, "param"], records.loc[i, "value"]), colour,
+                    0 if records.loc[i, "param"] == "k" else 1 if i in ends else 2)
+                   for i in _ends_first(len(records))]
     _log_l0_axis(ax, part)
     return labels
 

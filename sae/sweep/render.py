@@ -398,7 +398,8 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
         missing = _kl_missing(kl)
         lines = findings(summary, judged, dataset)
         body = [pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Verdict", _VERDICT_NOTE),
-                to_html(verdict_display(judged, dataset)),
+                # every column of the verdict in view on a phone: a list of its rows there
+                to_html(verdict_display(judged, dataset), stack=True),
                 pages.fragment("<ul>{}</ul>", pages.join(
                     pages.fragment("<li>{}</li>", line) for line in lines)) if lines else "",
                 pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Headline",

@@ -14,13 +14,18 @@
     var v = row.dataset[k];
     return v === '' ? NaN : parseFloat(v);
   }
+  // a filter the page leaves out (the class filters of data without labels) filters nothing
+  function value(id) {
+    var e = document.getElementById(id);
+    return e ? e.value : '';
+  }
   function field(id) {
-    var v = document.getElementById(id).value;
+    var v = value(id);
     return v === '' ? NaN : parseFloat(v);
   }
   function apply() {
-    var state = document.getElementById('f-state').value;
-    var cls = document.getElementById('f-class').value;
+    var state = value('f-state');
+    var cls = value('f-class');
     var minFreq = field('f-freq') / 100, minSel = field('f-sel'), minMax = field('f-max');
     var order = rows.slice().sort(function (a, b) {
       var x = num(a, key), y = num(b, key);
@@ -57,8 +62,11 @@
     });
   });
   ['f-state', 'f-class', 'f-freq', 'f-sel', 'f-max'].forEach(function (id) {
-    document.getElementById(id).addEventListener('input', apply);
-    document.getElementById(id).addEventListener('change', apply);
+    var e = document.getElementById(id);
+    if (e) {
+      e.addEventListener('input', apply);
+      e.addEventListener('change', apply);
+    }
   });
   apply();
 })();
