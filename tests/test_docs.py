@@ -3,6 +3,7 @@ every anchor it links, every docstring of the API reference parsed)."""
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,17 @@ def test_the_site_builds_strictly(tmp_path):
     assert {"models", "metrics", "results", "api", "running"} <= pages
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     assert "partial_spearman" in api and "match_features" in api
+    # a page per published comparison, its verdict first, every figure and file it links served
+    site = tmp_path / "site"
+    for folder in sorted((REPO / "figures" / "compare").glob("*/comparison.md")):
+        name = folder.parent.name
+        page = (site / "results" / name / "index.html").read_text(encoding="utf-8")
+        assert page.index("verdict") < page.index("headline"), name
+        linked = re.findall(r'(?:src|href)="([^"#]+\.(?:png|csv|yaml|html))"', page)
+        assert any(link.endswith("results.csv") for link in linked), name
+        for link in linked:
+            if not link.startswith(("http", "/")):
+                assert (site / "results" / name / link).resolve().is_file(), (name, link)
+    results = (site / "results" / "index.html").read_text(encoding="utf-8")
+    assert not [h for h in re.findall(r'href="([^"]*)"', results) if "figures/compare" in h], \
+        "the results page links the site's own pages of the comparisons"

@@ -101,8 +101,11 @@ SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "val_fvu", "l0_mean", "l0_std", "v
                    "probe_sparsemax_accuracy", "probe_sparsemax_classes", "recon_bias",
                    "support_fvu", "adaptive_gain", "adaptivity", "adaptivity_partial",
                    "adaptivity_energy", *GROUND_TRUTH_METRICS, "wall_time_s")
+# (and the validation and fair-adaptivity columns, which results.csv files written before they
+# were measured lack)
 OPTIONAL_COLUMNS = frozenset([*GROUND_TRUTH_METRICS, "probe_accuracy", "probe_sparsemax_accuracy",
-                              "probe_sparsemax_classes", "l0_ink_corr"])  # no labels: no probes
+                              "probe_sparsemax_classes", "l0_ink_corr",  # no labels: no probes
+                              "val_fvu", "val_l0", "adaptivity_partial", "adaptivity_energy"])
 # heading, format, scale and unit of each are the metric's own (sae.metric_defs):
 # column heading -> (metric, number format, scale, unit)
 _SUMMARY_CELLS = {METRIC[name].label: (name, METRIC[name].fmt, METRIC[name].scale,
