@@ -51,7 +51,8 @@ Sweep folder (default ``sweeps/<sweep file stem>``)::
     results.csv                one row per finished run (sae.sweep.aggregate.RESULT_COLUMNS)
     comparison.md              mean ± std over seeds per configuration, "vs KL-SAE", raw input
     comparison.html            the same tables and the plots, one self-contained page
-    fvu_vs_l0.png, probe_vs_l0.png, l0_distributions.png, class_l0.png, l0_ink_correlation.png
+    fvu_vs_l0.png, l0_distributions.png, and what the data has: probe_vs_l0.png and
+    class_l0.png (labels), l0_ink_correlation.png (images), truth_vs_l0.png (known features)
 
 ``--publish DIR`` copies everything above but ``runs/``, ``logs/`` and ``raw_probe.json`` to DIR
 (the committed ``figures/compare/<preset>/`` folders are made this way), with the marker file
@@ -216,6 +217,8 @@ def publish(sweep_dir: Path, folder: Path, sweep: Sweep | None = None,
     for name in PUBLISHED:
         if (sweep_dir / name).is_file():
             copies.append(copy_file(sweep_dir / name, folder / name))
+        elif name in FIGURE_FILES:  # a figure the sweep no longer draws (its data lacks it)
+            (folder / name).unlink(missing_ok=True)
     if sweep is not None and runs is not None and (sweep_dir / "results.csv").is_file():
         publish_page(sweep_dir, sweep, runs, folder)
     relink_publications(folder)

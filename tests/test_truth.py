@@ -243,3 +243,26 @@ def test_a_run_on_data_with_known_features_is_scored_against_them(tmp_path):
     assert set(metrics.GROUND_TRUTH_KEYS) <= set(rows)
     assert all(note == METRIC[name].definition for name, (_, note) in rows.items())
     assert len(rows) == len(result) - len(set(result) & set(report._RUN_FACTS))  # all but facts
+
+
+def test_the_truth_figure_draws_every_model_and_the_energy_baseline():
+    import pandas as pd
+
+    from sae.sweep import plots
+
+    rows = []
+    for model, param in (("sparsemax", "lambda"), ("batchtopk", "k")):
+        for value, l0 in ((0.1, 5.0), (0.03, 10.0)):
+            rows.append({"dataset": "synthetic", "model": model, "param": param,
+                         "value": value if param == "lambda" else l0, "n_seeds": 3,
+                         "l0_mean_mean": l0, "l0_mean_std": 0.1,
+                         "gt_recovery_mean": 0.9, "gt_recovery_std": 0.01,
+                         "gt_l0_spearman_mean": 0.85, "gt_l0_spearman_std": 0.01,
+                         "gt_l0_energy_mean": 0.817, "gt_l0_energy_std": 0.0})
+    fig = plots.truth_vs_l0(pd.DataFrame(rows))
+    recovery, tracking = fig.axes[:2]
+    assert len(recovery.lines) >= 2 and len(tracking.lines) >= 3
+    assert any("energy" in line.get_label() and "0.817" in line.get_label()
+               for line in tracking.lines)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"sparsemax", "batchtopk"} <= set(legend)

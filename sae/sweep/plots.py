@@ -33,10 +33,10 @@ from matplotlib.ticker import (
 )
 
 from sae.figures.common import empty_note, l0_edges, model_styles, seeds_note, styled
-from sae.sweep.aggregate import PROBE_METRICS, exact_zeros
+from sae.sweep.aggregate import PROBE_METRICS, config_label, exact_zeros
 
 __all__ = ["class_l0_heatmap", "fvu_l0_pareto", "l0_distributions", "l0_ink_correlation",
-           "probe_vs_l0"]
+           "probe_vs_l0", "truth_vs_l0"]
 
 
 def _styles(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
@@ -78,7 +78,8 @@ def _seeds_note(frame: pd.DataFrame) -> str:
 
 
 def _value_label(param: str, value: float) -> str:
-    return f"{'λ' if param == 'lambda' else param}={value:g}"
+    """A point's setting, tight: 'λ=0.01', 'k=32', or 'own L0' for a model with neither."""
+    return config_label(param, value).replace(" = ", "=")
 
 
 def _nan_to_zero(values: pd.Series) -> np.ndarray:
@@ -436,6 +437,47 @@ def probe_vs_l0(summary: pd.DataFrame, raw_probe: dict[str, float] | None = None
         pending.append((ax, _metric_vs_l0(ax, part, metric, styles)))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     _figure_legend(fig, [ax for ax, _, _ in panels])
+    _place_labels(fig, pending)  # once the legend has taken its width
+    return fig
+
+
+@styled
+def truth_vs_l0(summary: pd.DataFrame) -> Figure:
+    """Against known features, by mean L0: feature recovery (left) and how each input's L0
+    follows its true number of features, Spearman(L0, true L0) (right), one line per model.
+
+    Args:
+        summary: one row per configuration with ``dataset``, ``model``, ``param``, ``value``,
+            ``l0_mean_mean`` / ``_std`` and ``gt_recovery``, ``gt_l0_spearman`` and
+            ``gt_l0_energy`` as ``_mean`` / ``_std``.
+
+    The dashed line on the right is what an L0 ranked by the input's energy alone would score
+    (a property of the data): a mechanism below it follows the true L0 less than the energy
+    does, which every shared threshold tracks for free.
+    """
+    data = summary.dropna(subset=["l0_mean_mean"])
+    fig = Figure(figsize=(2 * 5.6 + 2.6, 4.3), layout="constrained")
+    axes = list(np.ravel(fig.subplots(1, 2, squeeze=False)))
+    _title(fig, f"Against the known features, by sparsity\n({_seeds_note(data)})")
+    styles = _styles(summary)
+    pending = []
+    panels = (("gt_recovery", "feature recovery (best cosine > 0.9)"),
+              ("gt_l0_spearman", "Spearman(L0, true L0) over test inputs"))
+    for ax, (metric, ylabel) in zip(axes, panels, strict=True):
+        part = data.dropna(subset=[f"{metric}_mean"]) if f"{metric}_mean" in data else data[:0]
+        ax.set(xlabel="mean L0 (active units per input)", ylabel=ylabel)
+        if part.empty:
+            empty_note(ax, "no scores against known features")
+            continue
+        if metric == "gt_l0_spearman" and "gt_l0_energy_mean" in part:
+            energy = part["gt_l0_energy_mean"].dropna()
+            if len(energy):
+                ax.axhline(float(energy.mean()), color="0.3", ls="--", lw=1.0,
+                           label=f"L0 ranked by energy ({energy.mean():.3f})")
+        pending.append((ax, _metric_vs_l0(ax, part, metric, styles)))
+        if metric == "gt_recovery":
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    _figure_legend(fig, axes)
     _place_labels(fig, pending)  # once the legend has taken its width
     return fig
 

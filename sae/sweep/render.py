@@ -48,6 +48,10 @@ FIGURE_FILES = {
     "class_l0.png": "Mean L0 per class, relative to each configuration's mean.",
     "l0_ink_correlation.png": "Correlation between a test input's L0 and its ink: whether the "
                               "number of active units adapts to the input.",
+    "truth_vs_l0.png": "Against the known features, by mean L0: the share of true features a "
+                       "decoder atom recovers (cosine above 0.9), and the Spearman correlation "
+                       "of each test input's L0 with its true number of features; the dashed "
+                       "line is an L0 ranked by the input's energy alone.",
 }
 
 
@@ -472,7 +476,18 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
         "l0_distributions.png": lambda: plots.l0_distributions(l0),
         "class_l0.png": lambda: plots.class_l0_heatmap(per_class),
         "l0_ink_correlation.png": lambda: plots.l0_ink_correlation(results),
+        "truth_vs_l0.png": lambda: plots.truth_vs_l0(summary),
     }
+    # a figure of what the data has: probes and classes need labels, ink images, the truth
+    # data with known features; one left from an earlier render of the folder goes
+    images = any(not r.settings.get("data") for r in done)  # --data rows have no ink
+    has = {"probe_vs_l0.png": _measured(results, PROBE_METRICS[sweep.probe_loss][0]),
+           "class_l0.png": per_class["class"].nunique() > 1,
+           "l0_ink_correlation.png": images and _measured(results, "l0_ink_corr"),
+           "truth_vs_l0.png": _measured(results, "gt_recovery")}
+    for name in [n for n, shown in has.items() if not shown] if done else []:
+        made.pop(name)
+        (sweep_dir / name).unlink(missing_ok=True)
     pngs = {}
     for name, make in made.items():  # drawn once: the page embeds the bytes the file holds
         fig = make()
@@ -488,6 +503,14 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
     page = sweep_dir / "comparison.html"
     write_text(page, comparison_html(sweep, results, raw, pngs, len(runs), n_done, links))
     return [csv, md, page, *written]
+
+
+def _measured(results, metric: str) -> bool:
+    """Whether any run of ``results`` has a finite value of ``metric``."""
+    import pandas as pd
+
+    return metric in results and bool(pd.to_numeric(results[metric], errors="coerce")
+                                      .notna().any())
 
 
 def publish_page(sweep_dir: Path, sweep: Sweep, runs: list[Run], folder: Path) -> list[Path]:
