@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from cli_helpers import QUICK, cli_env
 from test_data import write_dataset, write_idx
+from test_hostile_signals import handles_sigterm
 
 from sae.cli import MAX_YAML_DEPTH, UsageError, read_settings_file
 
@@ -347,11 +348,15 @@ def test_a_signal_while_starting_is_one_line_and_leaves_no_folder(tmp_path, data
                                                                   code, word):
     out = tmp_path / "made" / "run"
     delays = []
-    for delay in (0.5, 2.0):  # while checking the settings; while importing torch and Lightning
+    # from the moment main() catches signals (before it the interpreter itself is starting,
+    # for longer than any fixed delay on a loaded machine): while checking the settings; while
+    # importing torch and Lightning
+    for delay in (0.0, 1.5):
         proc = subprocess.Popen([sys.executable, "-m", "sae.run", "--out", str(out),
                                  "--epochs", "50", *QUICK, "--no-figures", "--no-report"],
                                 cwd=tmp_path, env=cli_env(tmp_path, data_dir),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        handles_sigterm(proc.pid)
         time.sleep(delay)
         if (out / "checkpoints" / "last.ckpt").exists():
             proc.kill()
