@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 
 from sae import metrics
-from sae.checkpoints import model_from_checkpoint, read_checkpoint
-from sae.cli import defaults, read_settings_file
 from sae.models import encode_codes
+from sae.settings.cli import defaults, read_settings_file
 from sae.sweep.analysis import DataCache
+from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
 
 
 def parts(folder: Path, data: DataCache) -> dict:

@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 
 from sae import metrics
-from sae.checkpoints import model_from_checkpoint, read_checkpoint
-from sae.cli import defaults, read_settings_file
-from sae.evaluate import linear_decoder
+from sae.activations.thresholds import threshold_code
 from sae.models import decode_dataset, encode_codes
 from sae.models.sparsemax import SparsemaxSAE
+from sae.settings.cli import defaults, read_settings_file
 from sae.sweep.analysis import DataCache
-from sae.thresholds import threshold_code
+from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
+from sae.training.evaluate import linear_decoder
 
 
 @torch.no_grad()

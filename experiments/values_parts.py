@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from sae import metrics
-from sae.checkpoints import CheckpointError, load_checkpoint
-from sae.cli import defaults, read_settings_file
-from sae.data import DataSourceError
-from sae.evaluate import linear_decoder
+from sae.data.images import DataSourceError
 from sae.models import encode_dataset
-from sae.setting import UsageError
+from sae.settings.cli import defaults, read_settings_file
+from sae.settings.setting import UsageError
 from sae.sweep.analysis import DataCache
+from sae.training.checkpoints import CheckpointError, load_checkpoint
+from sae.training.evaluate import linear_decoder
 
 # what a damaged or unsuitable run folder raises: one line and exit 2, never a traceback
 BAD_RUN = (CheckpointError, DataSourceError, OSError, UsageError, ValueError)

@@ -11,13 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae import kernels
 from sae.activations import (
     Entmax15,
     EntmaxAlpha,
     Sparsemax,
     entmax15,
     entmax_alpha,
+    kernels,
     solver,
     sparsemax,
 )
@@ -28,8 +28,8 @@ F64 = torch.float64
 
 @pytest.fixture(autouse=True, params=["kernels", "tensor-ops"])
 def sparsemax_path(request, monkeypatch):
-    """Every test runs twice: with the compiled CPU sparsemax kernels (sae.kernels) and with the
-    tensor-op path that CUDA, torch.compile and machines without numba use."""
+    """Every test runs twice: with the compiled CPU sparsemax kernels (sae.activations.kernels) and
+    with the tensor-op path that CUDA, torch.compile and machines without numba use."""
     if request.param == "tensor-ops":
         monkeypatch.setattr(kernels, "_ENABLED", False)
     return request.param

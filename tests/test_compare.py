@@ -16,12 +16,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae import compare, figures
-from sae.cli import UsageError, build_parser
-from sae.config import FIXED_BUDGET, NO_BUDGET
-from sae.matrixdata import data_name
+from sae import figures
+from sae.data.matrixdata import data_name
 from sae.models import MODELS
+from sae.settings.cli import UsageError, build_parser
+from sae.settings.config import FIXED_BUDGET, NO_BUDGET
 from sae.sweep import aggregate, analysis, display, launch, matching, plots, render, spec
+from sae.sweep import command as compare
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -709,7 +710,7 @@ def test_publish_page_renders_without_runs(tmp_path):
 
 def test_publishing_a_page_adds_it_to_the_see_also_line_of_the_pages_published_before(
         tmp_path, monkeypatch):
-    from sae import pages
+    from sae.pages import html as pages
 
     monkeypatch.setattr(pages, "timestamp", lambda: "2026-01-01 00:00 UTC")
     sweep = spec.load_sweep(write_yaml(tmp_path / "s.yaml", TINY))

@@ -1,4 +1,4 @@
-"""Tests for sae.features (statistics, page, CLI) and sae.figures.embedding, without a
+"""Tests for sae.pages.features (statistics, page, CLI) and sae.figures.embedding, without a
 browser."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from hypothesis.extra.numpy import arrays
 from matplotlib.figure import Figure
 from PIL import Image
 
-from sae.features import feature_stats, render_features_page
-from sae.features.stats import attributions, band_examples, nearest_units, probe_weights
 from sae.figures.embedding import embed_codes, embed_many, embedding_figure
+from sae.pages.features import feature_stats, render_features_page
+from sae.pages.features.stats import attributions, band_examples, nearest_units, probe_weights
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,11 +19,14 @@ import torch
 import yaml
 from cli_helpers import QUICK
 
-from sae import compare, gallery, io, report, runfolder
-from sae import run as sae_run
-from sae.checkpoints import CheckpointError, checksum, read_checkpoint
-from sae.cli import UsageError
+from sae.pages import gallery, report
+from sae.runs import command as sae_run
+from sae.settings.cli import UsageError
 from sae.sweep import analysis, launch, spec
+from sae.sweep import command as compare
+from sae.system import io
+from sae.training import runfolder
+from sae.training.checkpoints import CheckpointError, checksum, read_checkpoint
 
 VICTIM_TEXT = "the user's own file\n"
 
@@ -263,7 +266,7 @@ def test_a_deflated_zip_bomb_is_refused_before_loading(trained, tmp_path, capsys
 
 
 def test_the_uncompressed_size_is_bounded_from_the_zip_directory(trained, monkeypatch):
-    from sae import checkpoints
+    from sae.training import checkpoints
 
     monkeypatch.setattr(checkpoints, "MAX_BYTES", 1000)
     loads = []
@@ -353,7 +356,7 @@ def test_the_checksum_covers_every_value_that_is_not_a_tensor(trained):
 
 def test_a_checkpoint_of_an_earlier_version_needs_the_explicit_switch(trained, tmp_path,
                                                                      monkeypatch):
-    from sae.checkpoints import tensors_checksum
+    from sae.training.checkpoints import tensors_checksum
 
     path = tmp_path / "old.ckpt"
     state = torch.load(trained / "checkpoints" / "last.ckpt", weights_only=True)
@@ -477,7 +480,7 @@ def test_a_damaged_session_record_never_stops_the_history_merge(tmp_path, damage
 def test_a_hanging_tensorboard_close_does_not_hold_the_run(tmp_path, monkeypatch):
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from sae import training
+    from sae.training import engine as training
 
     release = threading.Event()
     monkeypatch.setattr(TensorBoardLogger, "finalize", lambda self, status: release.wait(60))
@@ -496,7 +499,7 @@ def test_a_hanging_tensorboard_close_does_not_hold_the_run(tmp_path, monkeypatch
     ("- a\n- b\n", "mapping"), ("just text\n", "mapping"), ("model: foo\n", "model"),
     ("hidden: many\n", "hidden"), ("data_var: abc\n", "data_var")])
 def test_the_feature_browser_refuses_bad_settings_in_one_line(tmp_path, capsys, config, words):
-    from sae.features.__main__ import main
+    from sae.pages.features.command import main
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -509,8 +512,8 @@ def test_the_feature_browser_refuses_bad_settings_in_one_line(tmp_path, capsys, 
 
 def test_the_feature_browser_refuses_a_crafted_checkpoint_and_bad_labels(trained, tmp_path,
                                                                         capsys, monkeypatch):
-    from sae import data
-    from sae.features.__main__ import main
+    from sae.data import images as data
+    from sae.pages.features.command import main
 
     run = copy_run(trained, tmp_path)
     edit_checkpoint(run, lambda s: s["hyper_parameters"].__setitem__("data_var", "abc"))
@@ -532,8 +535,8 @@ def test_the_feature_browser_refuses_a_crafted_checkpoint_and_bad_labels(trained
 
 
 def test_report_and_features_stop_in_one_line_on_ctrl_c(trained, tmp_path, capsys, monkeypatch):
-    from sae.features import build
-    from sae.features.__main__ import main as features_main
+    from sae.pages.features import build
+    from sae.pages.features.command import main as features_main
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt

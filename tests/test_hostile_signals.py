@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from cli_helpers import cli_env
 
-from sae import matrix
+from sae.data import matrix
 
 STOP_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
@@ -105,7 +105,7 @@ SLOW_CHECK = textwrap.dedent("""
     # python -m sae.run whose NaN scan takes a minute (sleeping in steps): a large file's check
     import os, runpy, time
     from pathlib import Path
-    import sae.matrix
+    import sae.data.matrix
 
     def slow(x, beyond_float32=True):
         Path(os.environ["SCAN_STARTED"]).touch()
@@ -113,7 +113,7 @@ SLOW_CHECK = textwrap.dedent("""
             time.sleep(0.1)
         return None
 
-    sae.matrix.first_unusable_row = slow
+    sae.data.matrix.first_unusable_row = slow
     runpy.run_module("sae.run", run_name="__main__", alter_sys=True)
 """)
 
@@ -164,7 +164,7 @@ def test_a_stop_while_torch_is_imported_ends_the_start_at_once(good, data_dir, s
         assert not (good / "made").exists(), (delay, err)
 
 
-# --------------------------------------------------------------------------- sae.layer
+# --------------------------------------------------------------------------- sae.data.layer
 
 
 def test_the_layer_stops_in_one_line_even_started_with_sigint_ignored(tmp_path, data_dir):
@@ -184,13 +184,13 @@ def test_the_layer_stops_in_one_line_even_started_with_sigint_ignored(tmp_path, 
         assert not (tmp_path / "made").exists()
 
 
-# --------------------------------------------------------------------------- sae.gallery
+# --------------------------------------------------------------------------- sae.pages.gallery
 
 
 GALLERY = textwrap.dedent("""
     # python -m sae.gallery with one run (mnist, topk): what a retry does is the point here
     import sys
-    import sae.gallery as gallery
+    import sae.pages.gallery as gallery
     gallery.MODELS, gallery.DATASETS = ("topk",), ("mnist",)
     sys.exit(gallery.main(sys.argv[1:]))
 """)

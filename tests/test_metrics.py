@@ -389,7 +389,7 @@ def test_probe_on_mnist_pixels_subset():
     folder = data_dir()
     if not (folder / "mnist").is_dir():
         pytest.skip(f"no MNIST files under {folder}")
-    from sae.data import load_arrays, to_float
+    from sae.data.images import load_arrays, to_float
 
     a = load_arrays("mnist", data_dir=folder, download=False)
     xtr, ytr = to_float(a.train_images[:10000]), torch.from_numpy(a.train_labels[:10000])

@@ -16,9 +16,9 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from test_browser import driver  # noqa: F401 (the headless Chromium fixture)
 
-from sae import matrix
-from sae import run as sae_run
-from sae.process import RUN_DIR_ENV
+from sae.data import matrix
+from sae.runs import command as sae_run
+from sae.system.process import RUN_DIR_ENV
 
 TINY = ["--hidden", "16", "--max-steps", "40", "--batch-size", "64", "--val-size", "100",
         "--lambda", "0.01"]
@@ -32,7 +32,7 @@ def low_rank(n: int, d: int, seed: int = 0) -> np.ndarray:
 
 
 def main(argv) -> int:
-    """``sae.run.main`` in this process, leaving the environment as it was."""
+    """``sae.runs.command.main`` in this process, leaving the environment as it was."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(RUN_DIR_ENV, "")
         mp.delenv(RUN_DIR_ENV)
@@ -273,7 +273,7 @@ def test_the_feature_browser_in_a_real_browser(request, which):
 
 def test_a_sweep_on_a_data_file_names_its_runs_after_it_and_refuses_changed_data(
         tmp_path, capsys):
-    from sae import compare
+    from sae.sweep import command as compare
     from sae.sweep.spec import load_sweep, plan
 
     np.save(tmp_path / "acts.npy", low_rank(600, 12))

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from sae import runfolder
-from sae.cli import UsageError
+from sae.settings.cli import UsageError
+from sae.training import runfolder
 
 
 def test_new_folder_is_marked_and_locked(tmp_path):
@@ -20,8 +20,8 @@ def test_new_folder_is_marked_and_locked(tmp_path):
     # another process cannot take it while this one holds it
     code = textwrap.dedent(f"""
         import sys
-        from sae import runfolder
-        from sae.cli import UsageError
+        from sae.training import runfolder
+        from sae.settings.cli import UsageError
         try:
             runfolder.claim(__import__('pathlib').Path({str(out)!r}), 'resume')
         except UsageError as e:
