@@ -20,6 +20,7 @@ from PIL import Image
 from sae import figures
 from sae.pages import report
 from sae.pages.html import palette_png
+from sae.training.runfolder import RunFolderError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -196,9 +197,9 @@ def test_metric_formatting():
 
 
 def test_write_report_rejects_non_run_folders(tmp_path):
-    with pytest.raises(report.RunFolderError, match="not found"):
+    with pytest.raises(RunFolderError, match="not found"):
         report.write_report(tmp_path / "missing")
-    with pytest.raises(report.RunFolderError, match="config.yaml"):
+    with pytest.raises(RunFolderError, match="config.yaml"):
         report.write_report(tmp_path)
 
 

@@ -23,7 +23,6 @@ files a run does not write).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal
@@ -42,6 +41,8 @@ from sae.system.process import (
     interrupted,
     interruptible,
 )
+from sae.training import runfolder
+from sae.training.runfolder import RunFolder
 
 MODELS = ("sparsemax", "kl", "l1", "topk", "batchtopk", "jumprelu")
 KINDS = ("decoder_atoms", "activation_frequency", "class_unit_heatmap", "sparsity_histogram")
@@ -173,12 +174,9 @@ def latest_png(run: Path, kind: str) -> Path | None:
 
 def read_metrics(run: Path) -> dict:
     """A finished run's metrics.json; UsageError when it is damaged or lacks a metric."""
-    path = run / "metrics.json"
-    try:
-        m = json.loads(read_text(path))
-    except (OSError, ValueError, RecursionError):
-        m = None
-    if not isinstance(m, dict) or not all(
+    folder = RunFolder(run)
+    path, m = folder.metrics_file, folder.metrics()
+    if m is None or not all(
             isinstance(m.get(k), int | float) and not isinstance(m.get(k), bool)
             and math.isfinite(m[k]) for k in METRICS):
         raise UsageError(f"{path} is damaged (not the metrics of a finished run); delete it to "
@@ -189,12 +187,11 @@ def read_metrics(run: Path) -> dict:
 def ensure_run(run: Path, dataset: str, model: str, lam: float, epochs: int,
                extra: list[str]) -> dict:
     """Train the run unless it already finished; return its metrics.json."""
-    from sae.training import runfolder
-
-    if not (run / "metrics.json").is_file():
+    folder = RunFolder(run)
+    if not folder.metrics_file.is_file():
         cmd = [sys.executable, "-m", "sae.run", "--model", model, "--lambda", str(lam),
                "--dataset", dataset, "--epochs", str(epochs), "--out", str(run), *extra]
-        if (run / "checkpoints" / "last.ckpt").is_file():  # interrupted: it continues
+        if folder.checkpoint.is_file():  # interrupted: it continues
             cmd.append("--resume")
         elif run.exists() and not runfolder.is_leftover(run):
             # stopped before its first checkpoint (kill -9): nothing to resume, so it starts

@@ -44,8 +44,9 @@ from sae.system.process import (
     interruptible,
     running_as,
 )
+from sae.training.runfolder import RunFolder, RunFolderError
 
-__all__ = ["FIGURE_KINDS", "RunFolderError", "format_metric", "format_value", "headline",
+__all__ = ["FIGURE_KINDS", "format_metric", "format_value", "headline",
            "latest_figures", "main", "relevant_settings", "render_report", "write_report"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -132,10 +133,6 @@ _RUN_FACTS = {"model": "model", "dataset": "dataset", "lam": "λ", "seed": "seed
 
 _EPOCH_PNG = re.compile(r"epoch_(\d+)\.png")
 TEST_SET_PNG = "test_set.png"  # a figure of the test set after training, not of an epoch
-
-class RunFolderError(Exception):
-    """The given path is not a readable run folder."""
-
 
 # --------------------------------------------------------------------------- reading the run
 
@@ -533,15 +530,6 @@ def render_report(run_dir: Path, resume_command: str | None = None) -> str:
 # --------------------------------------------------------------------------- writing
 
 
-def _check_run_dir(run_dir: Path) -> None:
-    if not run_dir.exists():
-        raise RunFolderError(f"run folder not found: {run_dir}")
-    if not run_dir.is_dir():
-        raise RunFolderError(f"not a folder: {run_dir}")
-    if not (run_dir / "config.yaml").is_file():
-        raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
-
-
 def write_report(run_dir: Path, resume_command: str | None = None) -> Path:
     """Write ``<run_dir>/report.html`` and return its path (``resume_command``: see
     :func:`render_report`).
@@ -549,8 +537,7 @@ def write_report(run_dir: Path, resume_command: str | None = None) -> Path:
     Raises:
         RunFolderError: ``run_dir`` is missing, not a folder, or has no ``config.yaml``.
     """
-    run_dir = Path(run_dir)
-    _check_run_dir(run_dir)
+    run_dir = RunFolder.open(run_dir).path
     out = run_dir / "report.html"
     write_text(out, render_report(run_dir, resume_command))
     return out
@@ -585,11 +572,11 @@ def main(argv: list[str] | None = None) -> int:
                              "run) from its last checkpoint")
     try:
         args = parser.parse_args(argv)
-        _check_run_dir(args.run)
+        run = RunFolder.open(args.run)
         with interruptible():
             drawn = [e for _, e, _ in latest_figures(args.run) if e is not None]
             if (not args.no_figures and not drawn
-                    and (args.run / "checkpoints" / "last.ckpt").is_file()):
+                    and run.checkpoint.is_file()):
                 changed = _changed_data(args.run, _read_config(args.run / "config.yaml")[0])
                 if changed:  # drawn from these files, the figures would show other data
                     print(f"note: no figures drawn: {changed}", file=sys.stderr)

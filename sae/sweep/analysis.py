@@ -22,10 +22,10 @@ import json
 import math
 from pathlib import Path
 
-from sae.settings.cli import defaults, read_settings_file
 from sae.sweep.spec import Run
 from sae.system.io import atomic_file, read_text, write_json
 from sae.training.convergence import final_validation, last_epoch_change, read_validation
+from sae.training.runfolder import RunFolder
 
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
            "pearson", "raw_by_dataset", "raw_probes", "read_json", "run_metrics"]
@@ -75,7 +75,7 @@ def read_json(path: Path, kind: type = dict):
 
 def run_metrics(folder: Path) -> dict | None:
     """A finished run's ``metrics.json``; None when it is damaged (not a JSON object)."""
-    return read_json(folder / "metrics.json")
+    return RunFolder(folder).metrics()
 
 
 def pearson(a, b) -> float | None:
@@ -145,10 +145,9 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     from sae.models import encode_codes
     from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
 
-    settings = read_settings_file(folder / "config.yaml")
-    settings = {**defaults(), **settings}
-    ckpt = folder / "checkpoints" / "last.ckpt"
-    state = read_checkpoint(ckpt)
+    run = RunFolder(folder)
+    settings = run.settings()
+    state = read_checkpoint(run.checkpoint)
     model = model_from_checkpoint(state)
     dm = data.get(settings)
     train_codes, test_codes = encode_codes(model, dm.train_x), encode_codes(model, dm.test_x)

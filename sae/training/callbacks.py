@@ -216,17 +216,16 @@ def validation_stats(model, x: torch.Tensor, y: torch.Tensor, n_classes: int,
 def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     """Draw a finished run's figures from its ``checkpoints/last.ckpt`` on its own validation
     split (what a sweep run skips while the sweep trains); returns the PNGs written."""
-    from sae.data.matrixdata import data_module
-    from sae.settings.cli import defaults, read_settings_file
     from sae.settings.config import SAEConfig
     from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
     from sae.training.convergence import read_validation
+    from sae.training.runfolder import RunFolder
 
-    run_dir = Path(run_dir)
-    settings = {**defaults(), **read_settings_file(run_dir / "config.yaml")}
-    state = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    run = RunFolder(Path(run_dir))
+    run_dir, settings = run.path, run.settings()
+    state = read_checkpoint(run.checkpoint)
     model = model_from_checkpoint(state)
-    dm = data_module(settings)
+    dm = run.data_module()
     dm.setup()
     # named after the last validated epoch (counted from 1; metrics.csv, as Lightning writes
     # it, from 0), as the callback would have named them

@@ -19,6 +19,10 @@
   blocking on a FIFO). Under the lock it removes the temporary files a killed write left
   behind. A folder holding only ``.lock`` and the marker (a start that failed on a full disk)
   counts as empty: a retry, ``--overwrite`` and a sweep take it.
+- **Reading.** :class:`RunFolder` is the one reader of a run folder for every command that
+  reads one (the report, the feature browser, the figures from a checkpoint, a sweep's analysis,
+  the gallery): its settings (``config.yaml`` over the defaults), final metrics, last checkpoint
+  and data; :class:`RunFolderError` when a path is not a readable run folder.
 - **History.** Each training session (the first run, then each ``--resume``) logs to its own
   ``logs/session_<n>/metrics.csv`` and records the step it started from; no session's file is
   ever rewritten. ``metrics.csv`` in the run folder is the merged view, rebuilt at the end of
@@ -34,12 +38,14 @@ import os
 import shlex
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from sae.settings.cli import UsageError, read_settings_file
+from sae.settings.cli import UsageError, defaults, read_settings_file
 from sae.system import io as sae_io
 
-__all__ = ["LEFTOVERS", "MARKER", "RUN_ENTRIES", "check_links", "check_resume", "claim",
+__all__ = ["LEFTOVERS", "MARKER", "RUN_ENTRIES", "RunFolder", "RunFolderError", "check_links",
+           "check_resume", "claim",
            "foreign_file", "is_leftover", "merge_history", "new_session", "overwritable", "release",
            "stopped_start"]
 
@@ -313,6 +319,85 @@ def remove_unfinished(folder: Path, created: bool) -> None:
         for entry in folder.iterdir():
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() and \
                 not entry.is_symlink() else entry.unlink()
+
+
+# ---------------------------------------------------------------- reading
+
+
+class RunFolderError(Exception):
+    """The given path is not a readable run folder."""
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run folder as the commands that read one see it: its settings, final metrics, last
+    checkpoint and data, each read when asked for. :meth:`open` checks that ``path`` is one;
+    the constructor alone (for a folder known to be one) checks nothing."""
+
+    path: Path
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunFolder:
+        """The run folder at ``path``. RunFolderError when it is missing, not a folder, or holds
+        no ``config.yaml``."""
+        path = Path(path)
+        if not path.exists():
+            raise RunFolderError(f"run folder not found: {path}")
+        if not path.is_dir():
+            raise RunFolderError(f"not a folder: {path}")
+        if not (path / "config.yaml").is_file():
+            raise RunFolderError(f"not a run folder (no config.yaml): {path}")
+        return cls(path)
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.json"
+
+    @property
+    def checkpoint(self) -> Path:
+        """The last checkpoint, ``checkpoints/last.ckpt`` (none before the first validation)."""
+        return self.path / "checkpoints" / "last.ckpt"
+
+    def settings(self) -> dict:
+        """Every setting of the run by field name: its ``config.yaml``, read and checked by the
+        settings layer as for a resume (known settings, valid values), over the defaults of
+        those it does not name (a folder of an earlier version). RunFolderError when
+        ``config.yaml`` cannot be read or holds a bad value."""
+        try:
+            return {**defaults(), **read_settings_file(self.config_file)}
+        except UsageError as exc:
+            raise RunFolderError(str(exc)) from None
+
+    def metrics(self) -> dict | None:
+        """The final test metrics (``metrics.json``: a regular file, no link followed, bounded
+        size); None while there are none, or when the file is damaged (not a JSON object)."""
+        try:
+            value = json.loads(sae_io.read_text(self.metrics_file))
+        except (OSError, ValueError, RecursionError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def model(self):
+        """The trained model of the last checkpoint, in eval mode, read and checked in full
+        (:func:`sae.training.checkpoints.load_checkpoint`)."""
+        from sae.training.checkpoints import load_checkpoint  # deferred: torch
+
+        return load_checkpoint(self.checkpoint)
+
+    def data_module(self, data_dir: str | Path | None = None):
+        """The data module of the run's data (its images or ``--data`` activations, with the
+        run's splits), not yet loaded; ``data_dir``: the folder of the images, instead of the
+        run's."""
+        from sae.data.matrixdata import data_module  # deferred: numpy and torch
+
+        settings = self.settings()
+        if data_dir is not None:
+            settings["data_dir"] = data_dir
+        return data_module(settings)
 
 
 # ---------------------------------------------------------------- history

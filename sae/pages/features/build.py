@@ -9,43 +9,33 @@ import numpy as np
 
 from sae.pages.features.page import render_features_page
 from sae.pages.features.stats import feature_stats, probe_weights
-from sae.pages.report import TEST_SET_PNG, RunFolderError
+from sae.pages.report import TEST_SET_PNG
 from sae.system.io import write_text
+from sae.training.runfolder import RunFolder, RunFolderError
 
 __all__ = ["EMBEDDING_PNG", "PROBE_TRAIN_INPUTS", "build_features", "checked_run",
            "write_features"]
 
 
-def checked_run(run_dir: Path) -> tuple[dict, Path]:
-    """The run's settings (``config.yaml``, checked by the settings layer as for a resume:
-    a mapping of known settings with valid values) and checkpoint path, without heavy imports.
+def checked_run(run_dir: Path) -> tuple[RunFolder, dict]:
+    """The run folder (holding no link) and its settings (:meth:`RunFolder.settings`), with its
+    last checkpoint, without heavy imports.
 
     Raises:
-        RunFolderError: missing folder, no readable or invalid ``config.yaml``, or no
-            ``last.ckpt``.
+        RunFolderError: missing folder, no readable or invalid ``config.yaml``, a link inside
+            it, or no ``last.ckpt``.
     """
-    if not run_dir.exists():
-        raise RunFolderError(f"run folder not found: {run_dir}")
-    if not run_dir.is_dir():
-        raise RunFolderError(f"not a folder: {run_dir}")
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise RunFolderError(f"not a run folder (no config.yaml): {run_dir}")
+    run = RunFolder.open(run_dir)
     from sae.system.io import find_link
 
-    link = find_link(run_dir)
+    link = find_link(run.path)
     if link is not None:  # the page and the embedding figure would be written through it
         raise RunFolderError(f"refusing run folder {run_dir}: {link} is a link")
-    from sae.settings.cli import UsageError, read_settings_file
-
-    try:
-        config = {"dataset": "mnist", **read_settings_file(path)}
-    except UsageError as exc:
-        raise RunFolderError(str(exc)) from None
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
-    if not ckpt.is_file():
-        raise RunFolderError(f"no checkpoint: {ckpt} does not exist (has the run trained?)")
-    return config, ckpt
+    settings = run.settings()
+    if not run.checkpoint.is_file():
+        raise RunFolderError(f"no checkpoint: {run.checkpoint} does not exist (has the run "
+                             "trained?)")
+    return run, settings
 
 
 PROBE_TRAIN_INPUTS = 10_000  # training inputs the probe is fitted on (as many as MNIST's test)
@@ -75,14 +65,15 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
         sae.data.images.DataSourceError: the data cannot be found.
     """
     run_dir = Path(run_dir)
-    config, ckpt = checked_run(run_dir)
+    run, config = checked_run(run_dir)
+    ckpt = run.checkpoint
 
     from sae.data.matrix import MatrixError
-    from sae.pages.features.inputs import run_data_module
     from sae.training.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
 
     try:
-        dm = run_data_module(config, data_dir)
+        dm = run.data_module(data_dir)
+        dm.load()
     except MatrixError as exc:
         raise RunFolderError(str(exc)) from None
     if config.get("data"):  # the inputs shown must be the ones the run was trained on

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from sae.pages.features.build import build_features, checked_run
-from sae.pages.report import RunFolderError
+from sae.training.runfolder import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> int:

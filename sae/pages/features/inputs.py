@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["TestInputs", "module_inputs", "run_data_module"]
+__all__ = ["TestInputs", "module_inputs"]
 
 
 @dataclass
@@ -26,25 +26,6 @@ class TestInputs:
     texts: list[str] | None  # shown per input instead of images
     pixels: bool  # x are the images' pixels (attributions apply)
     has_labels: bool = True
-
-
-def run_data_module(config: dict, data_dir=None):
-    """The loaded data module of a run's settings (``config.yaml``): its images, or its
-    activation matrix, with the run's splits; ``data_dir`` overrides the run's.
-
-    Raises:
-        sae.data.images.DataSourceError: the images cannot be found.
-        sae.data.matrix.MatrixError: the activation files cannot be used.
-    """
-    from sae.data.matrixdata import data_module
-    from sae.settings.cli import defaults
-
-    settings = {**defaults(), **config}
-    if data_dir is not None:
-        settings["data_dir"] = data_dir
-    dm = data_module(settings)
-    dm.load()
-    return dm
 
 
 def module_inputs(dm, data_dir=None, max_inputs: int | None = None) -> TestInputs:
