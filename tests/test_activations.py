@@ -278,6 +278,7 @@ def test_gradcheck_alpha(shape, dim, groups):
     assert torch.autograd.gradcheck(lambda v, b: entmax_alpha(v, b, dim, groups), (x, a))
 
 
+@pytest.mark.slow
 def test_gradcheck_alpha_on_gathered_entries(monkeypatch):
     # the passes gather the entries above the bound, and the backward runs on those alone
     gathered = []

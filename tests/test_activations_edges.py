@@ -197,6 +197,7 @@ def test_learnable_alpha_stays_above_one():
 
 
 # --------------------------------------------------------------------------- compile, CUDA
+@pytest.mark.slow
 def test_torch_compile_fullgraph():
     """fullgraph=True holds: the sync-free fixed-shape variant is traced (aot_eager backend:
     the same graph capture as inductor, without its C++ build)."""

@@ -2,11 +2,14 @@
 CSV logger only."""
 
 import lightning.pytorch as L
+import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from sae.models import SAEConfig, build_model, training_callbacks
 from sae.pages.report import FIGURE_KINDS
 from sae.training.callbacks import FigureCallback
+
+pytestmark = pytest.mark.slow  # each case trains a short real run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -441,6 +441,7 @@ def test_embedding_figure_legend_and_degenerate_input():
         embedding_figure(codes, np.zeros(80, int), pixels=codes[:40])
 
 
+@pytest.mark.slow
 def test_pixel_embedding_beside_the_codes_embeds_the_same_inputs():
     rng = np.random.default_rng(1)
     codes, pixels = rng.random((120, 12)), rng.random((120, 3, 4))

@@ -297,6 +297,7 @@ def test_the_feature_browser_refuses_a_crafted_checkpoint_and_bad_labels(trained
     assert not (run / "features.html").exists()
 
 
+@pytest.mark.slow
 def test_report_and_features_stop_in_one_line_on_ctrl_c(trained, tmp_path, capsys, monkeypatch):
     from sae.pages.features import build
     from sae.pages.features.command import main as features_main
@@ -314,6 +315,7 @@ def test_report_and_features_stop_in_one_line_on_ctrl_c(trained, tmp_path, capsy
     assert not (run / "report.html").exists() and not (run / "features.html").exists()
 
 
+@pytest.mark.slow
 def test_report_states_damaged_parts_on_the_page(trained, tmp_path):
     run = copy_run(trained, tmp_path)
     (run / "metrics.json").write_text("{damaged")
@@ -363,6 +365,7 @@ def test_gallery_refuses_a_damaged_finished_run_in_one_line(tmp_path, capsys, da
 # --------------------------------------------------------------------------- sweeps
 
 
+@pytest.mark.slow
 def test_damaged_derived_sweep_files_are_recomputed_and_ctrl_c_while_writing(
         tmp_path, data_dir, capsys, monkeypatch):
     monkeypatch.setenv("SAE_DATA_DIR", str(data_dir))

@@ -78,6 +78,7 @@ def finished(tmp_path_factory, data_dir):
 # --------------------------------------------------------------------------- --overwrite
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mine", ["my_analysis.txt", "mine/y.txt", "checkpoints/notes.txt",
                                   "figures/decoder_atoms/notes.txt", "logs/session_0/a.md",
                                   "tensorboard/plot.py", "mine/"])
@@ -99,6 +100,7 @@ def test_overwrite_refuses_a_run_folder_holding_a_users_file(finished, tmp_path,
     assert named != run and "nothing was removed" in line and snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_run_folder_of_the_tools_own_files_is_overwritten(finished, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished, run)
@@ -229,6 +231,7 @@ def data_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_pages_of_a_run_whose_data_changed_refuse_or_say_so(data_run, capsys):
     from sae.pages.features.command import main as features
     from sae.pages.report import main as report
@@ -254,6 +257,7 @@ def test_pages_of_a_run_whose_data_changed_refuse_or_say_so(data_run, capsys):
     assert "Not the data it was trained on" not in (data_run / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_a_recorded_data_path_that_is_now_a_fifo_is_said_not_read(data_run, tmp_path, capsys):
     from sae.pages.report import main as report
 

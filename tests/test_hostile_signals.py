@@ -83,6 +83,7 @@ def max_rss_bytes(args, cwd, data_dir) -> tuple[int, int, str]:
     return code, rss, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["label 2**40", "texts /dev/zero"])
 def test_hostile_data_stays_under_2_gb(good, data_dir, case):
     labels = np.zeros(400, np.int64)
@@ -118,6 +119,7 @@ SLOW_CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_during_a_slow_data_check_is_one_line_within_a_second(good, data_dir, sig):
     started = good / "scanning"
@@ -136,6 +138,7 @@ def test_a_stop_during_a_slow_data_check_is_one_line_within_a_second(good, data_
     assert not (good / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("data", ["activations", "images"])
 def test_a_stop_while_torch_is_imported_ends_the_start_at_once(good, data_dir, sig, data):
@@ -167,6 +170,7 @@ def test_a_stop_while_torch_is_imported_ends_the_start_at_once(good, data_dir, s
 # --------------------------------------------------------------------------- sae.data.layer
 
 
+@pytest.mark.slow
 def test_the_layer_stops_in_one_line_even_started_with_sigint_ignored(tmp_path, data_dir):
     """Case 7: Ctrl-C at 2 s was a traceback, and started in the background SIGINT was
     ignored; SIGTERM likewise. Nothing is left in --out's place."""
@@ -208,6 +212,7 @@ def gallery(tmp_path, data_dir, **popen) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_a_stopped_gallery_is_continued_by_the_same_command(tmp_path, data_dir, sig):
     """Case 5: stopped while its training starts (Ctrl-C reaches the whole process group, as

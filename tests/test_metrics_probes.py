@@ -140,6 +140,7 @@ def test_probe_rejects_mismatched_inputs():
                        torch.zeros(2), n_classes=3)
 
 
+@pytest.mark.slow
 def test_probe_on_mnist_pixels_subset():
     folder = data_dir()
     if not (folder / "mnist").is_dir():

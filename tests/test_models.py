@@ -295,6 +295,7 @@ def toy_variant():
     del VARIANTS[v.name]
 
 
+@pytest.mark.slow
 def test_a_model_registered_in_the_registry_alone_parses_and_trains(toy_variant, data_dir,
                                                                     tmp_path, monkeypatch):
     from sae.pages.report import relevant_settings

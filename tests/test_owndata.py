@@ -132,6 +132,7 @@ def test_too_few_rows_for_the_splits_is_refused_before_any_work(tmp_path, capsys
     assert "--val-size 100" in error_line(capsys)
 
 
+@pytest.mark.slow
 def test_bad_data_from_the_command_line(tmp_path, data_dir):
     """As a user calls it: a NaN row is one line and exit 2, and no run folder."""
     path, _ = _bad("nan", tmp_path)
@@ -145,6 +146,7 @@ def test_bad_data_from_the_command_line(tmp_path, data_dir):
 # ------------------------------------------------------------------------------- real runs
 
 
+@pytest.mark.slow
 def test_an_unlabelled_matrix_trains_and_records_its_file(plain_run):
     metrics = json.loads((plain_run / "metrics.json").read_text())
     assert 0 <= metrics["fvu"] < 1 and metrics["dataset"] == "acts"
@@ -161,6 +163,7 @@ def test_an_unlabelled_matrix_trains_and_records_its_file(plain_run):
     assert "not drawn" in (plain_run / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_a_manifest_with_texts_shows_them_and_probes_its_labels(texts_run):
     page = (texts_run / "features.html").read_text()
     assert "<q>test token " in page and "&lt;&amp;&gt;" in page  # escaped
@@ -173,6 +176,7 @@ def _snapshot(folder):
     return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")}
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_other_data(texts_run, texts_data, tmp_path, capsys):
     before = _snapshot(texts_run)
     x = np.load(texts_data.parent / "train.npy")
@@ -216,6 +220,7 @@ def layer_run(tmp_path_factory, data_dir):
     return root / "run"
 
 
+@pytest.mark.slow
 def test_a_classifier_layer_trains_an_sae_through_the_cli(layer_run):
     metrics = json.loads((layer_run / "metrics.json").read_text())
     assert metrics["dataset"] == "mnist mlp layer 2" and 0 <= metrics["fvu"] < 1

@@ -208,6 +208,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_success(run_dir):
     result = run_cli(str(run_dir))
     assert result.returncode == 0, result.stderr
@@ -243,6 +244,7 @@ def metric_rows(page: str) -> dict[str, tuple[str, str]]:
     return {name: (html.unescape(value), html.unescape(note)) for name, value, note in rows}
 
 
+@pytest.mark.slow
 def test_every_metric_a_run_can_write_is_defined_from_the_registry(run_dir):
     """Every number sae.run can put in metrics.json (the measures of sae.metrics, on data with
     known features too, the validation's and its convergence, a variant's extra) is shown with
@@ -315,6 +317,7 @@ def test_tables_scroll_in_their_own_box_and_figures_open_full_size(run_dir):
     assert ".scroll { overflow-x: auto" in page
 
 
+@pytest.mark.slow
 def test_pages_embed_palette_pngs_only_where_lossless(tmp_path):
     """A figure of few colours becomes a smaller palette PNG with every pixel exact; one with
     more colours than a palette holds (a colour bar's gradient) stays RGB, never banded."""

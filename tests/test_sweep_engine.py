@@ -126,6 +126,7 @@ def test_a_killed_sweep_continues_to_the_same_results(finished, data_dir, tmp_pa
     assert commands[-1].endswith("--resume")
 
 
+@pytest.mark.slow
 def test_progress_estimates_the_time_left_from_the_runs_trained(finished):
     p = launch.Progress(total=10, jobs=2, to_train=7)
     assert p.left() is None  # nothing trained yet: no estimate
