@@ -5,12 +5,12 @@
 For --rows rows (256) of float32 standard-normal scores (times --scale) and d in {16, 256, 512,
 1024, 4096, 16384} (or --width), prints the median time of y = f(x); y.backward(g) for each map,
 and its ratio to torch.softmax; "sparsemax" and "entmax15" are what ``sae.activations`` runs (on
-CPU, sparsemax of rows up to 4096 wide runs in the compiled kernels of ``sae.kernels``; on CUDA
-both run in the Triton kernels of ``sae.triton_kernels``), "(ops)" their tensor-op path (CUDA
-without triton, torch.compile, wider rows). The maps run in turn within every repetition and the
-ratio is the median over repetitions of the ratio within one repetition, so that a busy machine,
-which slows the maps alike, moves the absolute times more than the ratios. CPU always (with
-torch.set_num_threads(--threads)); CUDA too when present.
+CPU, sparsemax of rows up to 4096 wide runs in the compiled kernels of ``sae.activations.kernels``;
+on CUDA both run in the Triton kernels of ``sae.activations.triton_kernels``), "(ops)" their
+tensor-op path (CUDA without triton, torch.compile, wider rows). The maps run in turn within
+every repetition and the ratio is the median over repetitions of the ratio within one
+repetition, so that a busy machine, which slows the maps alike, moves the absolute times more
+than the ratios. CPU always (with torch.set_num_threads(--threads)); CUDA too when present.
 """
 
 from __future__ import annotations
@@ -25,8 +25,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's sae, not another
-from sae import kernels, triton_kernels  # noqa: E402
-from sae.activations import entmax15, entmax_alpha, sparsemax  # noqa: E402
+from sae.activations import (  # noqa: E402
+    entmax15,
+    entmax_alpha,
+    kernels,  # noqa: E402
+    sparsemax,
+    triton_kernels,
+)
 
 try:
     import entmax

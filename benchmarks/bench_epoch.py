@@ -38,12 +38,12 @@ from pathlib import Path
 import lightning.pytorch as L
 import torch
 
-from sae.checkpoints import model_from_checkpoint, read_checkpoint
-from sae.config import TrainConfig
-from sae.data import ImageDataModule
+from sae.data.images import ImageDataModule
 from sae.models import MODELS, SAEConfig, build_model, training_callbacks
 from sae.models.guards import NonFiniteLossGuard
-from sae.training import quiet_lightning
+from sae.settings.config import TrainConfig
+from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
+from sae.training.engine import quiet_lightning
 
 
 class EpochTimer(L.Callback):
@@ -191,7 +191,7 @@ def steps_main(args, dm) -> None:
 
 
 def whole_run_seconds(dm, hidden: int, epochs: int, figures: bool) -> float:
-    from sae.callbacks import FigureCallback
+    from sae.training.callbacks import FigureCallback
 
     with tempfile.TemporaryDirectory() as tmp:
         callbacks = [FigureCallback(Path(tmp), class_names=dm.class_names)] if figures else []

@@ -4,7 +4,7 @@
 
 Trains one short run (MNIST, the full 10 000-image test set, default settings but --max-steps)
 without its pages, then times each finishing step --repeats times on it, as ``sae.run`` runs them
-(``sae.training.finish``): the test metrics (with the training split's principal components,
+(``sae.training.engine.finish``): the test metrics (with the training split's principal components,
 recomputed each repeat as a fresh run does), the feature browser (from the model, data and test
 codes in memory: statistics, the probe on training codes, the code and pixel embeddings, the
 page) and the report. It prints the median wall-clock and CPU seconds of each and of their sum:
@@ -41,13 +41,14 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("SAE_DATA_DIR"))
     args = parser.parse_args()
 
-    from sae import data, runfolder
-    from sae import run as sae_run
-    from sae.checkpoints import model_from_checkpoint, read_checkpoint
-    from sae.evaluate import evaluate
-    from sae.features.build import write_features
+    from sae.data import images as data
     from sae.figures.embedding import embed_codes, embed_many
-    from sae.report import write_report
+    from sae.pages.features.build import write_features
+    from sae.pages.report import write_report
+    from sae.runs import command as sae_run
+    from sae.training import runfolder
+    from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
+    from sae.training.evaluate import evaluate
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"

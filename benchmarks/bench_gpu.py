@@ -5,9 +5,9 @@
 On a CUDA machine, prints the GPU, the date and the versions, then one table:
 
 - ``map``: median forward+backward time (float32, scores ~ N(0, 1)) of sparsemax and entmax15
-  through our Triton kernels (``sae.triton_kernels``), our tensor-op path and the ``entmax``
-  package, and of torch.softmax, with the ratio to softmax, at 256 x 512 (the SAE's size),
-  4096 x 4096, 4096 x 16384 and 256 x {256, 1024, 4096, 16384}. Each time is a CUDA-event
+  through our Triton kernels (``sae.activations.triton_kernels``), our tensor-op path and the
+  ``entmax`` package, and of torch.softmax, with the ratio to softmax, at 256 x 512 (the SAE's
+  size), 4096 x 4096, 4096 x 16384 and 256 x {256, 1024, 4096, 16384}. Each time is a CUDA-event
   measurement of a loop of calls (so launches overlap as in training), the maps interleaved in
   every repetition; the ratio is the median of the per-repetition ratios. The ``check`` column
   gives the largest difference of output and input gradient between the Triton and tensor-op
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's sae, not another
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_activations import maps  # noqa: E402
 
-from sae import triton_kernels  # noqa: E402
+from sae.activations import triton_kernels  # noqa: E402
 
 MAP_SIZES = ((256, 512), (4096, 4096), (4096, 16384), (256, 256), (256, 1024), (256, 4096),
              (256, 16384))
@@ -133,8 +133,8 @@ def map_rows(budget: float) -> list[tuple]:
 
 # --------------------------------------------------------------------------- training steps
 def make_model(name: str, mean: torch.Tensor, data_var: float):
-    from sae.config import SAEConfig
     from sae.models import build_model
+    from sae.settings.config import SAEConfig
 
     torch.manual_seed(0)
     config = SAEConfig(model=name)
@@ -193,9 +193,9 @@ def lightning_step_ms(name: str, dm, mean: torch.Tensor, data_var: float, steps:
 
 
 def step_rows(data_dir: str, steps: int, warm: int) -> list[tuple]:
-    from sae.config import MODELS
-    from sae.data import ImageDataModule
-    from sae.training import quiet_lightning
+    from sae.data.images import ImageDataModule
+    from sae.settings.config import MODELS
+    from sae.training.engine import quiet_lightning
 
     quiet_lightning()
     dm = ImageDataModule("mnist", data_dir, batch_size=BATCH)

@@ -6,7 +6,7 @@
 Writes an (N, D) float32 ``.npy`` of ``--gib`` GiB of random rank-32 rows (default 2.1 GiB,
 256 values per row: 2.2 million rows) into ``--folder`` (default: a new temporary folder beside
 the system's temp files), after checking that the disk holds twice that much. Then, for the same
-``sae.matrixdata.MatrixDataModule`` split (1 000 validation and 1 000 test rows carved off) it
+``sae.data.matrixdata.MatrixDataModule`` split (1 000 validation and 1 000 test rows carved off) it
 trains the same model (``--model``, ``--hidden`` units, batch 256) under Lightning for
 ``--steps`` steps, first with the training rows read into memory, then memory-mapped, after
 asking the kernel to drop the file's pages from its cache (``posix_fadvise(DONTNEED)``) so that
@@ -31,10 +31,10 @@ import lightning.pytorch as L
 import numpy as np
 import torch
 
-from sae.config import SAEConfig
-from sae.matrixdata import MatrixDataModule, drop_cache, train_moments
+from sae.data.matrixdata import MatrixDataModule, drop_cache, train_moments
 from sae.models import build_model
-from sae.training import quiet_lightning
+from sae.settings.config import SAEConfig
+from sae.training.engine import quiet_lightning
 
 WARMUP = 20
 

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from sae.checkpoints import load_checkpoint
-from sae.data import ImageDataModule
+from sae.data.images import ImageDataModule
 from sae.metrics import PROBE_LOSSES, ProbeResult, linear_probe, linear_probes, probe_loss
 from sae.metrics.basic import _column_mean_std, _flat
 from sae.metrics.probes import _accuracy, _support
 from sae.models import encode_dataset
+from sae.training.checkpoints import load_checkpoint
 
 # --------------------------------------------------------------------------------------------------
 # the previous solver, kept here for the comparison only
@@ -113,7 +113,7 @@ def features(args, dm: ImageDataModule) -> tuple[torch.Tensor, torch.Tensor, str
     if args.pixels:
         return dm.train_x, dm.test_x, f"{args.dataset} pixels"
     if args.run is None:
-        from sae.run import main as run_main
+        from sae.runs.command import main as run_main
 
         folder = Path(tempfile.mkdtemp(prefix="bench-probe-")) / "run"
         argv = ["--model", args.model, "--k", str(args.k), "--lambda", str(args.lam),

@@ -25,18 +25,16 @@ import sys
 from pathlib import Path
 
 from sae import metrics
-from sae.checkpoints import model_from_checkpoint, read_checkpoint
-from sae.cli import defaults, read_settings_file
 from sae.models import encode_codes
 from sae.sweep.analysis import DataCache
+from sae.training.runfolder import RunFolder
 
 
 def parts(folder: Path, data: DataCache) -> dict:
     """The correlations of one run (see the module docstring)."""
-    settings = {**defaults(), **read_settings_file(folder / "config.yaml")}
-    state = read_checkpoint(folder / "checkpoints" / "last.ckpt")
-    model = model_from_checkpoint(state)
-    dm = data.get(settings)
+    run = RunFolder(folder)
+    model = run.model()
+    dm = data.get(run.settings())
     x = dm.test_x.flatten(1)
     l0 = metrics.l0(encode_codes(model, dm.test_x), model.fire_threshold).double()
     pca = dm.train_pca()
@@ -60,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     data = DataCache()
     print(f"{'run':60s} {'L0':>6s} {'ρ(L0,d)':>8s} {'ρ(L0,E)':>8s} {'ρ(L0,d/E)':>9s}  γ")
     for folder in args.runs:
-        if not (folder / "checkpoints" / "last.ckpt").is_file():
+        if not RunFolder(folder).checkpoint.is_file():
             print(f"error: {folder} has no checkpoints/last.ckpt", file=sys.stderr)
             return 2
         r = parts(folder, data)

@@ -34,13 +34,12 @@ from pathlib import Path
 import torch
 
 from sae import metrics
-from sae.checkpoints import model_from_checkpoint, read_checkpoint
-from sae.cli import defaults, read_settings_file
-from sae.evaluate import linear_decoder
+from sae.activations.thresholds import threshold_code
 from sae.models import decode_dataset, encode_codes
 from sae.models.sparsemax import SparsemaxSAE
 from sae.sweep.analysis import DataCache
-from sae.thresholds import threshold_code
+from sae.training.evaluate import linear_decoder
+from sae.training.runfolder import RunFolder
 
 
 @torch.no_grad()
@@ -65,9 +64,9 @@ def threshold_codes(scores: torch.Tensor, mean_l0: float) -> torch.Tensor:
 
 def rules(folder: Path, data: DataCache) -> dict:
     """support_fvu and adaptivity of each rule for one run (see the module docstring)."""
-    settings = {**defaults(), **read_settings_file(folder / "config.yaml")}
-    model = model_from_checkpoint(read_checkpoint(folder / "checkpoints" / "last.ckpt"))
-    dm = data.get(settings)
+    run = RunFolder(folder)
+    model = run.model()
+    dm = data.get(run.settings())
     decoder = linear_decoder(model)
     if decoder is None:
         raise ValueError(f"{folder}: the decoder is not linear")
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print("support FVU / adaptivity / FVU with the model's values, at the run's own mean L0")
     print(f"{'run':52s} {'L0':>5s}  " + "  ".join(f"{n:>24s}" for n in names))
     for folder in args.runs:
-        if not (folder / "checkpoints" / "last.ckpt").is_file():
+        if not RunFolder(folder).checkpoint.is_file():
             print(f"error: {folder} has no checkpoints/last.ckpt", file=sys.stderr)
             return 2
         r = rules(folder, data)

@@ -28,16 +28,16 @@ from pathlib import Path
 import torch
 
 from sae import metrics
-from sae.checkpoints import CheckpointError, load_checkpoint
-from sae.cli import defaults, read_settings_file
-from sae.data import DataSourceError
-from sae.evaluate import linear_decoder
+from sae.data.images import DataSourceError
 from sae.models import encode_dataset
-from sae.setting import UsageError
+from sae.settings.setting import UsageError
 from sae.sweep.analysis import DataCache
+from sae.training.checkpoints import CheckpointError
+from sae.training.evaluate import linear_decoder
+from sae.training.runfolder import RunFolder, RunFolderError
 
 # what a damaged or unsuitable run folder raises: one line and exit 2, never a traceback
-BAD_RUN = (CheckpointError, DataSourceError, OSError, UsageError, ValueError)
+BAD_RUN = (CheckpointError, DataSourceError, OSError, RunFolderError, UsageError, ValueError)
 
 
 def coherence(codes: torch.Tensor, atoms: torch.Tensor, threshold: float = 0.0) -> float:
@@ -61,8 +61,9 @@ def coherence(codes: torch.Tensor, atoms: torch.Tensor, threshold: float = 0.0) 
 
 def parts(folder: Path, data: DataCache) -> dict:
     """The value measures of one run (see the module docstring)."""
-    settings = {**defaults(), **read_settings_file(folder / "config.yaml")}
-    model = load_checkpoint(folder / "checkpoints" / "last.ckpt")
+    run = RunFolder(folder)
+    settings = run.settings()
+    model = run.model()
     decoder = linear_decoder(model)
     if decoder is None:
         raise ValueError("the decoder is not linear (--arch mlp): no atoms to compare")
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'run':52s} {'L0':>6s} {'fvu':>7s} {'support':>8s} {'lose':>7s} {'scaled':>7s} "
           f"{'share':>6s} {'coherence':>9s}")
     for folder in args.runs:
-        if not (folder / "checkpoints" / "last.ckpt").is_file():
+        if not RunFolder(folder).checkpoint.is_file():
             print(f"error: {folder} has no checkpoints/last.ckpt", file=sys.stderr)
             return 2
         try:

@@ -29,7 +29,7 @@ def data_dir() -> Path:
 @pytest.fixture(scope="session")
 def mnist_small(data_dir):
     """A small real MNIST data module (2 000 train, 500 validation, 500 test images)."""
-    from sae.data import ImageDataModule
+    from sae.data.images import ImageDataModule
 
     dm = ImageDataModule("mnist", str(data_dir), batch_size=128, val_size=500,
                          limit_train=2000, limit_test=500)

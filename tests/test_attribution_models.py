@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sae.config import SAEConfig
 from sae.models import build_model
+from sae.settings.config import SAEConfig
 from tests.test_default_sparsemax import simplex_projection
 
 
@@ -135,7 +135,7 @@ def test_batchtopk_with_the_gate_keeps_its_code_and_gains_gradients_near_the_cut
 
 
 def test_lambda_is_noted_as_unused_only_where_it_is(tmp_path):
-    from sae.cli import run_config, unused_flags
+    from sae.settings.cli import run_config, unused_flags
 
     def notes(*argv):
         argv = [*argv, "--out", str(tmp_path / "r")]
@@ -149,7 +149,7 @@ def test_lambda_is_noted_as_unused_only_where_it_is(tmp_path):
 
 
 def test_a_sweep_entry_of_the_published_model_has_no_grid(tmp_path):
-    from sae.cli import UsageError
+    from sae.settings.cli import UsageError
     from sae.sweep import spec
 
     path = tmp_path / "s.yaml"

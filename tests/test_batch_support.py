@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from test_sparsemax_modes import _l0_after_training, ramp_forward, train_unit
 
 from sae.activations import sparsemax
-from sae.checkpoints import expected_state
 from sae.models import SAEConfig, build_model
 from sae.models import sparsemax as sparsemax_module
+from sae.training.checkpoints import expected_state
 
 
 def batch_model(hidden=32, groups=1, seed=0, **kw):

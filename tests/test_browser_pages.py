@@ -23,7 +23,7 @@ from test_browser import (  # noqa: F401 (fixtures)
 )
 from test_owndata import plain_run  # noqa: F401 (fixture: a short run on unlabelled rows)
 
-from sae import report
+from sae.pages import report
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def report_page(tmp_path_factory):
     """report.html of a run folder whose metrics.json holds every registered run metric."""
-    from sae.metric_defs import METRICS
+    from sae.settings.metric_defs import METRICS
 
     run = tmp_path_factory.mktemp("report") / "run"
     run.mkdir()

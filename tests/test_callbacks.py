@@ -2,11 +2,14 @@
 CSV logger only."""
 
 import lightning.pytorch as L
+import pytest
 from lightning.pytorch.loggers import CSVLogger
 
-from sae.callbacks import FigureCallback
 from sae.models import SAEConfig, build_model, training_callbacks
-from sae.report import FIGURE_KINDS
+from sae.pages.report import FIGURE_KINDS
+from sae.training.callbacks import FigureCallback
+
+pytestmark = pytest.mark.slow  # each case trains a short real run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -49,7 +52,8 @@ def test_no_figures_before_the_end_by_default(mnist_small, tmp_path):
 
 def test_every_figure_names_the_run_and_the_validation_set(mnist_small, tmp_path, monkeypatch):
     """The report's headline is the test set's; each figure says it is the validation set's."""
-    from sae import callbacks, figures
+    from sae import figures
+    from sae.training import callbacks
 
     model = build_model(SAEConfig(model="l1", hidden=16), mnist_small.train_mean, 50.0)
     stats = callbacks.validation_stats(model, mnist_small.val_x[:300], mnist_small.val_y[:300],
@@ -77,7 +81,7 @@ def test_tensorboard_histograms_every_validation_and_test_metrics_as_hparams(mni
     )
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    from sae.callbacks import log_test_hparams, run_label
+    from sae.training.callbacks import log_test_hparams, run_label
 
     config = SAEConfig(model="l1", hidden=16)
     model = build_model(config, mnist_small.train_mean, 50.0)

@@ -5,7 +5,12 @@ import os
 import pytest
 import torch
 
-from sae.checkpoints import CheckpointError, check_compatible, read_checkpoint, write_checkpoint
+from sae.training.checkpoints import (
+    CheckpointError,
+    check_compatible,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 
 class Poison:
@@ -26,8 +31,8 @@ def poisoned_checkpoint(path, marker):
 
 def a_checkpoint():
     """The model part of a checkpoint as sae.run writes it (a small l1 SAE)."""
-    from sae.config import SAEConfig
     from sae.models import build_model
+    from sae.settings.config import SAEConfig
 
     model = build_model(SAEConfig(model="l1", hidden=16), data_var=52.0)
     return {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
@@ -102,7 +107,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_preloaded_checkpoint_is_not_read_again(tmp_path, monkeypatch):
-    from sae import checkpoints
+    from sae.training import checkpoints
 
     path = tmp_path / "last.ckpt"
     write_checkpoint(a_checkpoint(), path)

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from cli_helpers import QUICK, assert_one_line_error, cli_env, run_cli, start_cli
 
-from sae.checkpoints import CheckpointError, read_checkpoint
 from sae.models import MODELS
+from sae.training.checkpoints import CheckpointError, read_checkpoint
 
 
 def test_help_shows_defaults(tmp_path, data_dir):
@@ -39,7 +39,7 @@ def test_help_shows_defaults(tmp_path, data_dir):
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, data_dir, args, capsys, monkeypatch):
     # in-process, as the command runs it (the subprocess case below checks the imports)
-    from sae import run
+    from sae.runs import command as run
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SAE_RUN_DIR", raising=False)
@@ -202,10 +202,10 @@ def test_ctrl_c_stops_with_a_resume_hint_and_keeps_the_checkpoint(tmp_path, data
 
 @pytest.mark.slow
 def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
-    from sae.checkpoints import load_checkpoint
-    from sae.data import ImageDataModule
+    from sae.data.images import ImageDataModule
     from sae.metrics import firing_frequency, l0
     from sae.models import encode_dataset
+    from sae.training.checkpoints import load_checkpoint
 
     out = tmp_path / "ddp"
     result = run_cli(["--model", "sparsemax", "--max-steps", 6, "--out", out, "--devices", 2,
@@ -227,7 +227,8 @@ def test_ddp_on_cpu_matches_single_process_statistics(tmp_path, data_dir):
 
 def test_flags_are_checked_before_lightning_is_imported():
     # a typo must cost a fraction of a second, not Lightning's import time
-    code = ("import sys, sae.run; from sae.config import SAEConfig; SAEConfig().validate(); "
+    code = ("import sys, sae.run; from sae.settings.config import SAEConfig; "
+            "SAEConfig().validate(); "
             "print(sorted(m for m in ('lightning', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

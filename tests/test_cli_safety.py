@@ -173,7 +173,7 @@ def test_a_finite_blow_up_stops_like_a_nan(tmp_path, data_dir):
 
 
 def test_a_training_stops_when_the_sweep_that_started_it_dies(tmp_path, data_dir):
-    from sae import runfolder
+    from sae.training import runfolder
 
     out = tmp_path / "run"
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
@@ -194,7 +194,7 @@ def test_a_training_stops_when_the_sweep_that_started_it_dies(tmp_path, data_dir
     while time.time() < deadline and runfolder.is_locked(out):
         time.sleep(0.3)
     assert not runfolder.is_locked(out), "the orphaned training kept running"
-    from sae.checkpoints import read_checkpoint
+    from sae.training.checkpoints import read_checkpoint
 
     epoch = int(read_checkpoint(out / "checkpoints" / "last.ckpt")["epoch"])
     if epoch > 1:  # fewer epochs than the checkpoint has done: one line
@@ -207,8 +207,8 @@ def test_a_training_stops_when_the_sweep_that_started_it_dies(tmp_path, data_dir
 
 
 def test_a_poisoned_checkpoint_runs_nothing_in_the_api_and_the_sweep_analysis(tmp_path, trained):
-    from sae.checkpoints import CheckpointError, load_checkpoint
     from sae.sweep.analysis import DataCache, analyse_run
+    from sae.training.checkpoints import CheckpointError, load_checkpoint
 
     run = copy_run(trained, tmp_path)
     marker = tmp_path / "owned"
@@ -230,7 +230,7 @@ def test_report_of_a_folder_with_a_poisoned_checkpoint_runs_nothing(tmp_path, tr
 
 
 def test_last_checkpoint_is_the_last_step_not_the_best(trained):
-    from sae.checkpoints import read_checkpoint
+    from sae.training.checkpoints import read_checkpoint
 
     assert read_checkpoint(trained / "checkpoints" / "last.ckpt")["global_step"] == 8
     assert (trained / "checkpoints" / "best.ckpt").is_file()

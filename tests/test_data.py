@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae.data import IDX_FILES, DataSourceError, ImageDataModule, load_arrays, read_idx
+from sae.data.images import IDX_FILES, DataSourceError, ImageDataModule, load_arrays, read_idx
 
 
 def write_idx(path, array: np.ndarray, compress: bool = False) -> None:
@@ -118,7 +118,7 @@ def test_datamodule_split_is_fixed_and_disjoint(tmp_path):
 def test_modules_of_one_split_share_its_tensors_until_the_files_change(tmp_path, monkeypatch):
     """A sweep worker's runs and analyses share one copy of a split; other split settings and
     rewritten files get their own, and the shared moments are those of the training images."""
-    from sae import data
+    from sae.data import images as data
 
     write_dataset(tmp_path / "mnist", n_train=50, n_test=12)
 
@@ -171,7 +171,7 @@ def test_data_order_resumes_mid_epoch_where_it_stopped(n, seed, epoch, batch, da
     of the epoch's order, and the next epoch as one never stopped."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from sae.data import EpochShuffle
+    from sae.data.images import EpochShuffle
 
     def loader():
         rows = TensorDataset(torch.arange(n))
@@ -200,7 +200,7 @@ def test_data_order_resumes_mid_epoch_where_it_stopped(n, seed, epoch, batch, da
 @pytest.mark.parametrize("state", [{"epoch": -1, "served": 0}, {"epoch": 1, "served": True},
                                    {"epoch": 1}, {"epoch": 1.5, "served": 3}])
 def test_a_damaged_data_order_state_is_refused(state):
-    from sae.data import EpochShuffle
+    from sae.data.images import EpochShuffle
 
     with pytest.raises(ValueError, match="data order"):
         EpochShuffle(10).load_state_dict(state)

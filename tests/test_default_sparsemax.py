@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae.config import SAEConfig
 from sae.models import build_model
+from sae.settings.config import SAEConfig
 
 
 def simplex_projection(z: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,9 @@
 
 The commands are the ``python -m sae.*`` lines of their ``bash`` blocks (an environment
 assignment before them and a comment after them are left out; ``;`` separates two). ``sae.run``
-lines are parsed by its parser and checked as ``sae.run`` checks them; ``sae.compare`` lines by
-its parser, their sweep file loaded and planned (a dry run); ``sae.synth`` lines by its parser;
-the other commands' flags must each be one their ``--help`` lists.
+lines are parsed by its parser and checked as ``sae.run`` checks them; ``sae.compare`` lines
+by its parser, their sweep file loaded and planned (a dry run); ``sae.data.synth`` lines by its
+parser; the other commands' flags must each be one their ``--help`` lists.
 """
 
 import re
@@ -55,7 +55,7 @@ def help_text(module: str) -> str:
 @pytest.mark.parametrize("page, module, argv", COMMANDS,
                          ids=[f"{p}:{m} {' '.join(a)}"[:80] for p, m, a in COMMANDS])
 def test_a_shown_command_is_accepted(page, module, argv, tmp_path):
-    from sae.cli import build_parser, run_config
+    from sae.settings.cli import build_parser, run_config
 
     if module == "sae.run":
         build_parser(suppress=True).parse_args(argv)
@@ -63,13 +63,13 @@ def test_a_shown_command_is_accepted(page, module, argv, tmp_path):
             out = [] if "--out" in argv else ["--out", str(tmp_path / "run")]
             run_config([*argv, *out])
     elif module == "sae.compare":
-        from sae import compare
+        from sae.sweep import command as compare
         from sae.sweep import spec
 
         args = compare.parse_args(argv)
         spec.plan(spec.load_sweep(REPO / args.sweep))
     elif module == "sae.synth":
-        from sae import synth
+        from sae.data import synth
 
         args = vars(synth._parser().parse_args(argv))
         args.pop("out")

@@ -86,6 +86,7 @@ def test_values_parts_on_a_trained_run(model, tmp_path, data_dir):
     assert 0.0 <= coherence <= 1.0
 
 
+@pytest.mark.slow
 def test_values_parts_refuses_a_folder_without_a_checkpoint(tmp_path, data_dir):
     result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], cwd=tmp_path,
                             env=cli_env(tmp_path, data_dir), capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Tests for sae.features (statistics, page, CLI) and sae.figures.embedding, without a
+"""Tests for sae.pages.features (statistics, page, CLI) and sae.figures.embedding, without a
 browser."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from hypothesis.extra.numpy import arrays
 from matplotlib.figure import Figure
 from PIL import Image
 
-from sae.features import feature_stats, render_features_page
-from sae.features.stats import attributions, band_examples, nearest_units, probe_weights
 from sae.figures.embedding import embed_codes, embed_many, embedding_figure
+from sae.pages.features import feature_stats, render_features_page
+from sae.pages.features.stats import attributions, band_examples, nearest_units, probe_weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -441,6 +441,7 @@ def test_embedding_figure_legend_and_degenerate_input():
         embedding_figure(codes, np.zeros(80, int), pixels=codes[:40])
 
 
+@pytest.mark.slow
 def test_pixel_embedding_beside_the_codes_embeds_the_same_inputs():
     rng = np.random.default_rng(1)
     codes, pixels = rng.random((120, 12)), rng.random((120, 3, 4))

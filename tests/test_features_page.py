@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from sae.features import feature_stats, render_features_page
+from sae.pages.features import feature_stats, render_features_page
 
 
 def test_a_unit_prefers_the_class_of_most_of_its_top_inputs():

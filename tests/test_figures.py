@@ -308,6 +308,7 @@ def history(n_steps: int = 300) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_training_curves_all_panels():
     fig = F.training_curves(history())
     titles = [ax.get_title() for ax in fig.axes]
@@ -319,6 +320,7 @@ def test_training_curves_all_panels():
     render(fig)
 
 
+@pytest.mark.slow
 def test_training_curves_show_warm_up_from_zero_and_bound_dead_units():
     """λ_t's axis starts at 0 (the warm-up's rise shows even when the first logged λ_t is not
     0); one dead unit of 512 stays a small step on the dead-units axis, whose legend says where
@@ -337,6 +339,7 @@ def test_training_curves_show_warm_up_from_zero_and_bound_dead_units():
     render(fig)
 
 
+@pytest.mark.slow
 def test_training_curves_skips_unlogged_panels():
     frame = history()[["step", "epoch", "train/loss", "train/l0"]]
     fig = F.training_curves(frame)

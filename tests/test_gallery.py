@@ -5,7 +5,7 @@ import re
 import sys
 from pathlib import Path
 
-from sae import gallery
+from sae.pages import gallery
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"0" * 16
 
@@ -82,7 +82,7 @@ def gallery_links(out: Path) -> tuple[set[str], set[str]]:
 def test_the_gallery_links_every_publication_also_those_published_after_it(tmp_path):
     """A comparison published after the gallery was made is linked by it too: publishing
     rewrites the gallery's comparisons line (and nothing else) to every published page."""
-    from sae import compare
+    from sae.sweep import command as compare
 
     runs, out = tmp_path / "runs", tmp_path / "figures" / "gallery"
     for dataset in gallery.DATASETS:

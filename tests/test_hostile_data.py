@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sae import matrix
-from sae.cli import MAX_CHECKPOINT_ELEMENTS, UsageError, load_yaml, run_config
-from sae.matrix import MatrixError, load_data
-from sae.process import RUN_DIR_ENV
+from sae.data import matrix
+from sae.data.matrix import MatrixError, load_data
+from sae.settings.cli import MAX_CHECKPOINT_ELEMENTS, UsageError, load_yaml, run_config
+from sae.system.process import RUN_DIR_ENV
 
 TINY = ["--hidden", "16", "--max-steps", "4", "--batch-size", "32", "--val-size", "50",
         "--no-figures", "--no-report", "--no-features", "--progress", "off"]
@@ -38,11 +38,11 @@ def _process_state(monkeypatch):
 @pytest.fixture(scope="module", autouse=True)
 def _imported():
     """torch and Lightning imported before any case is measured (their import is not it)."""
-    import sae.compare
-    import sae.matrixdata
-    import sae.run
+    import sae.data.matrixdata
+    import sae.runs.command
+    import sae.sweep.command
 
-    sae.run._import_training()
+    sae.runs.command._import_training()
 
 
 @pytest.fixture
@@ -90,8 +90,8 @@ def no_warnings_and_no_hang(seconds: int = 60, strict: bool = True):
 def refused(argv, capsys, *words, module: str = "run", strict: bool = True) -> str:
     """``python -m sae.<module> argv`` in this process: exit 2, one ``error:`` line holding
     ``words``, in bounded time and Python memory, with no warning printed."""
-    from sae.compare import main as compare
-    from sae.run import main as run
+    from sae.runs.command import main as run
+    from sae.sweep.command import main as compare
 
     tracemalloc.start()
     start = time.perf_counter()
@@ -161,7 +161,7 @@ def test_a_huge_hidden_is_refused_from_its_size_before_any_allocation(good, caps
 
 
 def test_the_size_bound_is_the_checkpoints_own():
-    from sae.checkpoints import MAX_ELEMENTS
+    from sae.training.checkpoints import MAX_ELEMENTS
 
     assert MAX_CHECKPOINT_ELEMENTS == MAX_ELEMENTS
 
@@ -297,7 +297,7 @@ def test_a_crafted_test_l0_cache_is_recomputed_not_allocated(tmp_path):
 
 
 def test_an_idx_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
-    from sae.data import DataSourceError, read_idx
+    from sae.data.images import DataSourceError, read_idx
 
     os.mkfifo(tmp_path / "train-images-idx3-ubyte")
     with no_warnings_and_no_hang(), pytest.raises(DataSourceError, match="not a regular file"):

@@ -1,6 +1,6 @@
 """What a command may remove, and what a retry finds: --overwrite never removes a file a run did
 not write, a start killed before its first checkpoint names the command that starts it again,
-the gallery and sae.layer leave what their retry can use, and pages built from a run whose
+the gallery and sae.data.layer leave what their retry can use, and pages built from a run whose
 data changed since training refuse or say so (issue 52, cases 5, 6, 7, 10 and 'also seen').
 In-process: the process boundary is not the point (tests/test_hostile_signals.py)."""
 
@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 from cli_helpers import QUICK
 
-from sae import gallery, layer, matrix, runfolder
-from sae import run as sae_run
-from sae.cli import run_config, write_config
-from sae.process import RUN_DIR_ENV
+from sae.data import layer, matrix
+from sae.pages import gallery
+from sae.runs import command as sae_run
+from sae.settings.cli import run_config, write_config
+from sae.system.process import RUN_DIR_ENV
+from sae.training import runfolder
 
 QUIET = ["--no-figures", "--no-features", "--no-report", "--progress", "off"]
 NEW = ["--model", "topk", *QUICK, "--max-steps", "4", *QUIET]
@@ -76,6 +78,7 @@ def finished(tmp_path_factory, data_dir):
 # --------------------------------------------------------------------------- --overwrite
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mine", ["my_analysis.txt", "mine/y.txt", "checkpoints/notes.txt",
                                   "figures/decoder_atoms/notes.txt", "logs/session_0/a.md",
                                   "tensorboard/plot.py", "mine/"])
@@ -97,6 +100,7 @@ def test_overwrite_refuses_a_run_folder_holding_a_users_file(finished, tmp_path,
     assert named != run and "nothing was removed" in line and snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_run_folder_of_the_tools_own_files_is_overwritten(finished, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished, run)
@@ -175,7 +179,7 @@ def test_the_gallery_resumes_only_a_run_with_a_checkpoint(tmp_path, monkeypatch)
         assert (commands[-1][-1] == flag) if flag else commands[-1][-1] == str(run)
 
 
-# --------------------------------------------------------------------------- sae.layer
+# --------------------------------------------------------------------------- sae.data.layer
 
 
 def test_a_layer_dump_that_fails_to_write_leaves_nothing_and_a_retry_works(tmp_path, monkeypatch,
@@ -227,9 +231,10 @@ def data_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_pages_of_a_run_whose_data_changed_refuse_or_say_so(data_run, capsys):
-    from sae.features.__main__ import main as features
-    from sae.report import main as report
+    from sae.pages.features.command import main as features
+    from sae.pages.report import main as report
 
     source = data_run.parent / "x.npy"
     original = source.read_bytes()
@@ -252,8 +257,9 @@ def test_pages_of_a_run_whose_data_changed_refuse_or_say_so(data_run, capsys):
     assert "Not the data it was trained on" not in (data_run / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_a_recorded_data_path_that_is_now_a_fifo_is_said_not_read(data_run, tmp_path, capsys):
-    from sae.report import main as report
+    from sae.pages.report import main as report
 
     run = tmp_path / "run"
     shutil.copytree(data_run, run)

@@ -19,7 +19,7 @@ from cli_helpers import QUICK, cli_env
 from test_data import write_dataset, write_idx
 from test_hostile_signals import handles_sigterm
 
-from sae.cli import MAX_YAML_DEPTH, UsageError, read_settings_file
+from sae.settings.cli import MAX_YAML_DEPTH, UsageError, read_settings_file
 
 # a 9-level alias bomb: 9**9 values (387 million) once expanded, in under 500 bytes
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -49,7 +49,7 @@ def one_line(err: str, limit: int = 1000) -> str:
 
 
 def run(argv, capsys) -> tuple[int, str]:
-    from sae.run import main
+    from sae.runs.command import main
 
     code = main([str(a) for a in argv])
     return code, capsys.readouterr().err
@@ -72,7 +72,7 @@ def bounded(call) -> tuple[object, float, int]:
 
 
 def test_alias_bomb_in_a_sweep_file_is_refused_unbuilt_even_with_dry_run(tmp_path, capsys):
-    from sae.compare import main
+    from sae.sweep.command import main
 
     sweep = tmp_path / "bomb.yaml"
     sweep.write_text("description:\n" + "".join("  " + line + "\n" for line in
@@ -87,7 +87,7 @@ def test_alias_bomb_in_a_sweep_file_is_refused_unbuilt_even_with_dry_run(tmp_pat
 
 
 def test_alias_bomb_as_config_yaml_is_refused_by_run_and_by_report(tmp_path, capsys):
-    from sae.report import main as report
+    from sae.pages.report import main as report
 
     bomb = tmp_path / "config.yaml"
     bomb.write_text(BOMB)
@@ -106,7 +106,7 @@ def test_alias_bomb_as_config_yaml_is_refused_by_run_and_by_report(tmp_path, cap
 
 
 def test_a_report_of_metrics_json_nested_50_000_deep_says_so(tmp_path, capsys):
-    from sae.report import main as report
+    from sae.pages.report import main as report
 
     (tmp_path / "config.yaml").write_text("model: l1\n")
     (tmp_path / "metrics.json").write_text("[" * 50_000 + "]" * 50_000)
@@ -115,7 +115,7 @@ def test_a_report_of_metrics_json_nested_50_000_deep_says_so(tmp_path, capsys):
 
 
 def test_a_huge_value_is_quoted_by_a_short_prefix(tmp_path, capsys):
-    from sae.compare import main
+    from sae.sweep.command import main
 
     # 6 561 values: under the loader's bounds, so refused by the sweep's own check
     head = "datasets: [mnist]\nseeds: [0]\nmodels: {l1: {}}\n"
@@ -152,7 +152,7 @@ def test_malformed_yaml_is_one_line(tmp_path, text, message):
 
 
 def test_a_few_anchors_and_real_nesting_still_read(tmp_path):
-    from sae.cli import load_yaml
+    from sae.settings.cli import load_yaml
 
     path = tmp_path / "s.yaml"
     path.write_text("common: &c {hidden: 64, lr: 0.001}\nmodels:\n  l1: *c\n  kl: *c\n")
@@ -170,7 +170,7 @@ def test_values_that_would_fail_later_are_refused_before_the_folder(tmp_path, ca
 
     import torch
 
-    from sae.cli import LAUNCHER_ENV
+    from sae.settings.cli import LAUNCHER_ENV
 
     for name in LAUNCHER_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -198,16 +198,16 @@ def test_values_that_would_fail_later_are_refused_before_the_folder(tmp_path, ca
 
 
 def test_num_nodes_is_taken_under_a_launcher(monkeypatch):
-    from sae.cli import run_config
+    from sae.settings.cli import run_config
 
     monkeypatch.setenv("SLURM_NTASKS", "8")
     assert run_config(["--num-nodes", "2", "--out", "x"]).hardware.num_nodes == 2
 
 
 def test_over_long_names_are_one_line(tmp_path, capsys):
-    from sae.compare import main as compare
-    from sae.features.__main__ import main as features
-    from sae.report import main as report
+    from sae.pages.features.command import main as features
+    from sae.pages.report import main as report
+    from sae.sweep.command import main as compare
 
     long = "n" * 300
     code, err = run(["--out", tmp_path / long / "run"], capsys)
@@ -257,14 +257,14 @@ def _labels_out_of_range(folder):
 def test_an_idx_file_that_unpacks_to_more_than_the_bound_is_refused(tmp_path, monkeypatch):
     import gzip
 
-    import sae.data
+    import sae.data.images
 
-    monkeypatch.setattr(sae.data, "MAX_IDX_BYTES", 1 << 20)
+    monkeypatch.setattr(sae.data.images, "MAX_IDX_BYTES", 1 << 20)
     path = tmp_path / "train-images-idx3-ubyte.gz"
     path.write_bytes(gzip.compress(bytes(2 << 20)))  # 2 MiB of zeros in a few kB
     assert path.stat().st_size < 20_000
-    with pytest.raises(sae.data.DataSourceError, match="more than 1 MiB"):
-        sae.data.read_idx(path)
+    with pytest.raises(sae.data.images.DataSourceError, match="more than 1 MiB"):
+        sae.data.images.read_idx(path)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -314,9 +314,9 @@ def _full_disk(*args, **kwargs):
 
 def test_a_full_disk_at_the_first_checkpoint_exits_1_and_leaves_no_folder(tmp_path, capsys,
                                                                          data_dir, monkeypatch):
-    import sae.checkpoints
+    import sae.training.checkpoints
 
-    monkeypatch.setattr(sae.checkpoints, "write_bytes", _full_disk)
+    monkeypatch.setattr(sae.training.checkpoints, "write_bytes", _full_disk)
     out = tmp_path / "run"
     code, err = run(["--model", "l1", "--max-steps", 2, "--out", out, "--data-dir", data_dir,
                      *QUICK, "--no-figures", "--no-report", "--no-features"], capsys)
@@ -326,16 +326,16 @@ def test_a_full_disk_at_the_first_checkpoint_exits_1_and_leaves_no_folder(tmp_pa
 
 def test_resume_on_a_full_disk_is_one_line_and_keeps_the_run(tmp_path, capsys, data_dir,
                                                              monkeypatch):
-    import sae.runfolder
+    import sae.training.runfolder
 
     out = tmp_path / "run"
     flags = ["--model", "l1", "--out", out, "--data-dir", data_dir, *QUICK, "--no-figures",
              "--no-report", "--no-features"]
     code, err = run([*flags, "--max-steps", 2], capsys)
     assert code == 0, err[-2000:]
-    sae.runfolder.release(out)  # as the first run's exit would
+    sae.training.runfolder.release(out)  # as the first run's exit would
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
-    monkeypatch.setattr(sae.runfolder, "new_session", _full_disk)
+    monkeypatch.setattr(sae.training.runfolder, "new_session", _full_disk)
     code, err = run(["--out", out, "--resume", "--max-steps", 4], capsys)
     assert code == 1, err[-2000:]
     assert "No space left" in one_line(err)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from cli_helpers import cli_env
 
-from sae import matrix
+from sae.data import matrix
 
 STOP_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
@@ -83,6 +83,7 @@ def max_rss_bytes(args, cwd, data_dir) -> tuple[int, int, str]:
     return code, rss, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["label 2**40", "texts /dev/zero"])
 def test_hostile_data_stays_under_2_gb(good, data_dir, case):
     labels = np.zeros(400, np.int64)
@@ -105,7 +106,7 @@ SLOW_CHECK = textwrap.dedent("""
     # python -m sae.run whose NaN scan takes a minute (sleeping in steps): a large file's check
     import os, runpy, time
     from pathlib import Path
-    import sae.matrix
+    import sae.data.matrix
 
     def slow(x, beyond_float32=True):
         Path(os.environ["SCAN_STARTED"]).touch()
@@ -113,11 +114,12 @@ SLOW_CHECK = textwrap.dedent("""
             time.sleep(0.1)
         return None
 
-    sae.matrix.first_unusable_row = slow
+    sae.data.matrix.first_unusable_row = slow
     runpy.run_module("sae.run", run_name="__main__", alter_sys=True)
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_during_a_slow_data_check_is_one_line_within_a_second(good, data_dir, sig):
     started = good / "scanning"
@@ -136,6 +138,7 @@ def test_a_stop_during_a_slow_data_check_is_one_line_within_a_second(good, data_
     assert not (good / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("data", ["activations", "images"])
 def test_a_stop_while_torch_is_imported_ends_the_start_at_once(good, data_dir, sig, data):
@@ -164,9 +167,10 @@ def test_a_stop_while_torch_is_imported_ends_the_start_at_once(good, data_dir, s
         assert not (good / "made").exists(), (delay, err)
 
 
-# --------------------------------------------------------------------------- sae.layer
+# --------------------------------------------------------------------------- sae.data.layer
 
 
+@pytest.mark.slow
 def test_the_layer_stops_in_one_line_even_started_with_sigint_ignored(tmp_path, data_dir):
     """Case 7: Ctrl-C at 2 s was a traceback, and started in the background SIGINT was
     ignored; SIGTERM likewise. Nothing is left in --out's place."""
@@ -184,13 +188,13 @@ def test_the_layer_stops_in_one_line_even_started_with_sigint_ignored(tmp_path, 
         assert not (tmp_path / "made").exists()
 
 
-# --------------------------------------------------------------------------- sae.gallery
+# --------------------------------------------------------------------------- sae.pages.gallery
 
 
 GALLERY = textwrap.dedent("""
     # python -m sae.gallery with one run (mnist, topk): what a retry does is the point here
     import sys
-    import sae.gallery as gallery
+    import sae.pages.gallery as gallery
     gallery.MODELS, gallery.DATASETS = ("topk",), ("mnist",)
     sys.exit(gallery.main(sys.argv[1:]))
 """)
@@ -208,6 +212,7 @@ def gallery(tmp_path, data_dir, **popen) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_a_stopped_gallery_is_continued_by_the_same_command(tmp_path, data_dir, sig):
     """Case 5: stopped while its training starts (Ctrl-C reaches the whole process group, as

@@ -1,4 +1,5 @@
-"""sae.io: atomic writes leave either the new file or the old one, never a part or a temp file."""
+"""sae.system.io: atomic writes leave either the new file or the old one, never a part or a temp
+file."""
 
 import json
 import math
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sae import io
+from sae.system import io
 
 
 def leftovers(folder):

@@ -149,7 +149,7 @@ def test_dynamic_sparsity_reports_the_energy_baseline_and_the_partial_measure():
 
 
 def test_a_sweep_file_sets_its_own_targets(tmp_path):
-    from sae.cli import UsageError
+    from sae.settings.cli import UsageError
     from sae.sweep import spec
 
     path = tmp_path / "gt.yaml"

@@ -1,4 +1,4 @@
-"""Activation matrices as data (sae.matrix): what is accepted, what is refused in one line, and
+"""Activation matrices as data (sae.data.matrix): what is accepted, what is refused in one line, and
 what a run folder records."""
 
 import hashlib
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae import matrix
-from sae.matrix import MatrixError, load_data, open_matrix
+from sae.data import matrix
+from sae.data.matrix import MatrixError, load_data, open_matrix
 
 
 def save(path, array):

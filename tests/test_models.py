@@ -14,7 +14,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from sae import metrics
-from sae.checkpoints import load_checkpoint, write_checkpoint
 from sae.models import (
     L1SAE,
     MODELS,
@@ -25,7 +24,8 @@ from sae.models import (
     model_class,
 )
 from sae.models import losses as LS
-from sae.variants import VARIANTS, Variant, register
+from sae.settings.variants import VARIANTS, Variant, register
+from sae.training.checkpoints import load_checkpoint, write_checkpoint
 
 
 def small_model(name: str, hidden: int = 32, **kw) -> torch.nn.Module:
@@ -295,11 +295,13 @@ def toy_variant():
     del VARIANTS[v.name]
 
 
+@pytest.mark.slow
 def test_a_model_registered_in_the_registry_alone_parses_and_trains(toy_variant, data_dir,
                                                                     tmp_path, monkeypatch):
-    from sae import run, runfolder
-    from sae.cli import build_parser
-    from sae.report import relevant_settings
+    from sae.pages.report import relevant_settings
+    from sae.runs import command as run
+    from sae.settings.cli import build_parser
+    from sae.training import runfolder
 
     assert build_parser().parse_args(["--model", "relu-fixed"]).model == "relu-fixed"
     config = SAEConfig(model="relu-fixed", kl_threshold=0.2)

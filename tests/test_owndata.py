@@ -16,9 +16,9 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from test_browser import driver  # noqa: F401 (the headless Chromium fixture)
 
-from sae import matrix
-from sae import run as sae_run
-from sae.process import RUN_DIR_ENV
+from sae.data import matrix
+from sae.runs import command as sae_run
+from sae.system.process import RUN_DIR_ENV
 
 TINY = ["--hidden", "16", "--max-steps", "40", "--batch-size", "64", "--val-size", "100",
         "--lambda", "0.01"]
@@ -32,7 +32,7 @@ def low_rank(n: int, d: int, seed: int = 0) -> np.ndarray:
 
 
 def main(argv) -> int:
-    """``sae.run.main`` in this process, leaving the environment as it was."""
+    """``sae.runs.command.main`` in this process, leaving the environment as it was."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(RUN_DIR_ENV, "")
         mp.delenv(RUN_DIR_ENV)
@@ -132,6 +132,7 @@ def test_too_few_rows_for_the_splits_is_refused_before_any_work(tmp_path, capsys
     assert "--val-size 100" in error_line(capsys)
 
 
+@pytest.mark.slow
 def test_bad_data_from_the_command_line(tmp_path, data_dir):
     """As a user calls it: a NaN row is one line and exit 2, and no run folder."""
     path, _ = _bad("nan", tmp_path)
@@ -145,6 +146,7 @@ def test_bad_data_from_the_command_line(tmp_path, data_dir):
 # ------------------------------------------------------------------------------- real runs
 
 
+@pytest.mark.slow
 def test_an_unlabelled_matrix_trains_and_records_its_file(plain_run):
     metrics = json.loads((plain_run / "metrics.json").read_text())
     assert 0 <= metrics["fvu"] < 1 and metrics["dataset"] == "acts"
@@ -161,6 +163,7 @@ def test_an_unlabelled_matrix_trains_and_records_its_file(plain_run):
     assert "not drawn" in (plain_run / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_a_manifest_with_texts_shows_them_and_probes_its_labels(texts_run):
     page = (texts_run / "features.html").read_text()
     assert "<q>test token " in page and "&lt;&amp;&gt;" in page  # escaped
@@ -173,6 +176,7 @@ def _snapshot(folder):
     return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")}
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_other_data(texts_run, texts_data, tmp_path, capsys):
     before = _snapshot(texts_run)
     x = np.load(texts_data.parent / "train.npy")
@@ -216,6 +220,7 @@ def layer_run(tmp_path_factory, data_dir):
     return root / "run"
 
 
+@pytest.mark.slow
 def test_a_classifier_layer_trains_an_sae_through_the_cli(layer_run):
     metrics = json.loads((layer_run / "metrics.json").read_text())
     assert metrics["dataset"] == "mnist mlp layer 2" and 0 <= metrics["fvu"] < 1
@@ -273,7 +278,7 @@ def test_the_feature_browser_in_a_real_browser(request, which):
 
 def test_a_sweep_on_a_data_file_names_its_runs_after_it_and_refuses_changed_data(
         tmp_path, capsys):
-    from sae import compare
+    from sae.sweep import command as compare
     from sae.sweep.spec import load_sweep, plan
 
     np.save(tmp_path / "acts.npy", low_rank(600, 12))

@@ -1,9 +1,9 @@
-"""sae.pages: one self-contained page skeleton; text is escaped, built fragments are not."""
+"""sae.pages.html: one self-contained page skeleton; text is escaped, built fragments are not."""
 
 import base64
 import re
 
-from sae import pages
+from sae.pages import html as pages
 
 EVIL = '<script>alert("x")</script> & \'co\''
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # a signature is enough: the page does not decode it
@@ -73,18 +73,18 @@ def test_nav_label_defaults_to_the_heading():
 
 
 def test_pages_do_not_import_figures():
-    """Page helpers own their PNG encoding: importing sae.pages loads no plotting code."""
+    """Page helpers own their PNG encoding: importing sae.pages.html loads no plotting code."""
     import subprocess
     import sys
 
-    code = ("import sys, sae.pages; "
+    code = ("import sys, sae.pages.html; "
             "print(sorted(m for m in sys.modules if m.startswith(('sae.figures', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     import ast
     import inspect
 
-    from sae import pages
+    from sae.pages import html as pages
 
     tree = ast.parse(inspect.getsource(pages))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -147,8 +147,8 @@ METRIC_TABLE = re.compile(r"<!-- metrics: (\w+) -->\n(.*?)\n<!-- /metrics -->", 
 
 
 def test_metric_tables_are_the_registry():
-    """The metric tables of docs/metrics.md are sae.metric_defs's, row for row."""
-    from sae.metric_defs import markdown_table
+    """The metric tables of docs/metrics.md are sae.settings.metric_defs's, row for row."""
+    from sae.settings.metric_defs import markdown_table
 
     found = dict(METRIC_TABLE.findall((DOCS / "metrics.md").read_text(encoding="utf-8")))
     assert set(found) == {"run", "sweep", "truth", "validation"}, "four metric tables"
@@ -157,8 +157,8 @@ def test_metric_tables_are_the_registry():
 
 
 def test_every_number_a_run_or_sweep_reports_is_a_registered_metric():
-    from sae.metric_defs import METRIC, METRICS
     from sae.metrics import DYNAMIC_KEYS, GROUND_TRUTH_KEYS, SUMMARY_KEYS
+    from sae.settings.metric_defs import METRIC, METRICS
     from sae.sweep.aggregate import SUMMARY_METRICS
 
     assert len(METRIC) == len(METRICS), "a metric is registered twice"

@@ -1,4 +1,4 @@
-"""Tests for sae.report: a synthetic run folder in, one self-contained report.html out."""
+"""Tests for sae.pages.report: a synthetic run folder in, one self-contained report.html out."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from sae import figures, report
-from sae.pages import palette_png
+from sae import figures
+from sae.pages import report
+from sae.pages.html import palette_png
+from sae.training.runfolder import RunFolderError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +38,7 @@ comment: "<script>alert(1)</script> & co"
 METRICS = {"mse": 0.0123456, "fvu": 0.2345678, "l0_mean": 12.5, "l0_std": 3.25,
            "dead_fraction": 0.0234, "dense_fraction": 0.0, "recon_bias": 0.9712,
            "wall_time_s": 3725.2}
-# everything sae.run writes to metrics.json (sae.evaluate's metrics and the run's facts)
+# everything sae.run writes to metrics.json (sae.training.evaluate's metrics and the run's facts)
 FULL_METRICS = {**METRICS, "explained_variance": 0.7654, "n_samples": 10000.0,
                 "n_units": 512.0, "fvu_at_l0": 0.2345678, "support_fvu": 0.2, "adaptivity_m": 12.0,
                 "support_fvu_const": 0.21, "adaptive_gain": 0.01, "adaptivity": 0.3,
@@ -195,9 +197,9 @@ def test_metric_formatting():
 
 
 def test_write_report_rejects_non_run_folders(tmp_path):
-    with pytest.raises(report.RunFolderError, match="not found"):
+    with pytest.raises(RunFolderError, match="not found"):
         report.write_report(tmp_path / "missing")
-    with pytest.raises(report.RunFolderError, match="config.yaml"):
+    with pytest.raises(RunFolderError, match="config.yaml"):
         report.write_report(tmp_path)
 
 
@@ -206,6 +208,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_success(run_dir):
     result = run_cli(str(run_dir))
     assert result.returncode == 0, result.stderr
@@ -241,13 +244,14 @@ def metric_rows(page: str) -> dict[str, tuple[str, str]]:
     return {name: (html.unescape(value), html.unescape(note)) for name, value, note in rows}
 
 
+@pytest.mark.slow
 def test_every_metric_a_run_can_write_is_defined_from_the_registry(run_dir):
     """Every number sae.run can put in metrics.json (the measures of sae.metrics, on data with
     known features too, the validation's and its convergence, a variant's extra) is shown with
     its registry definition; a value a short run could not measure is '–'."""
-    from sae.convergence import final_validation, last_epoch_change
-    from sae.metric_defs import METRIC
     from sae.metrics import DYNAMIC_KEYS, GROUND_TRUTH_KEYS, SUMMARY_KEYS
+    from sae.settings.metric_defs import METRIC
+    from sae.training.convergence import final_validation, last_epoch_change
 
     measured = [*SUMMARY_KEYS, *DYNAMIC_KEYS, *GROUND_TRUTH_KEYS, "fvu_at_l0",
                 "val_gt_l0_spearman", *final_validation([]), *last_epoch_change([]),
@@ -313,6 +317,7 @@ def test_tables_scroll_in_their_own_box_and_figures_open_full_size(run_dir):
     assert ".scroll { overflow-x: auto" in page
 
 
+@pytest.mark.slow
 def test_pages_embed_palette_pngs_only_where_lossless(tmp_path):
     """A figure of few colours becomes a smaller palette PNG with every pixel exact; one with
     more colours than a palette holds (a colour bar's gradient) stays RGB, never banded."""

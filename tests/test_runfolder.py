@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from sae import runfolder
-from sae.cli import UsageError
+from sae.settings.cli import UsageError
+from sae.training import runfolder
 
 
 def test_new_folder_is_marked_and_locked(tmp_path):
@@ -20,8 +20,8 @@ def test_new_folder_is_marked_and_locked(tmp_path):
     # another process cannot take it while this one holds it
     code = textwrap.dedent(f"""
         import sys
-        from sae import runfolder
-        from sae.cli import UsageError
+        from sae.training import runfolder
+        from sae.settings.cli import UsageError
         try:
             runfolder.claim(__import__('pathlib').Path({str(out)!r}), 'resume')
         except UsageError as e:
@@ -99,3 +99,44 @@ def test_history_of_an_earlier_version_becomes_session_0(tmp_path):
     runfolder.merge_history(out)
     assert [int(r["step"]) for r in rows(out / "metrics.csv")] == [1, 3, 5]
     assert os.path.isfile(out / "logs" / "session_0" / "metrics.csv")
+
+
+# ---------------------------------------------------------------- reading a run folder
+
+
+def test_a_run_folder_is_opened_only_where_there_is_one(tmp_path):
+    with pytest.raises(runfolder.RunFolderError, match="run folder not found"):
+        runfolder.RunFolder.open(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(runfolder.RunFolderError, match="not a folder"):
+        runfolder.RunFolder.open(tmp_path / "file")
+    with pytest.raises(runfolder.RunFolderError, match=r"no config\.yaml"):
+        runfolder.RunFolder.open(tmp_path)
+    (tmp_path / "config.yaml").write_text("model: topk\n")
+    run = runfolder.RunFolder.open(tmp_path)
+    assert run.path == tmp_path and run.checkpoint == tmp_path / "checkpoints" / "last.ckpt"
+
+
+def test_a_run_folders_settings_are_its_config_over_one_set_of_defaults(tmp_path):
+    from sae.settings.cli import defaults
+
+    (tmp_path / "config.yaml").write_text("model: topk\nk: 8\n")  # an earlier version's file
+    settings = runfolder.RunFolder(tmp_path).settings()
+    assert settings == {**defaults(), "model": "topk", "k": 8}
+    assert settings["dataset"] == "mnist"  # named by no file: the default
+    (tmp_path / "config.yaml").write_text("k: -3\n")
+    with pytest.raises(runfolder.RunFolderError, match="k must be >= 1, got -3"):
+        runfolder.RunFolder(tmp_path).settings()
+    (tmp_path / "config.yaml").write_text("no_such_setting: 1\n")
+    with pytest.raises(runfolder.RunFolderError, match="unknown setting .no_such_setting."):
+        runfolder.RunFolder(tmp_path).settings()
+
+
+def test_a_run_folders_metrics_are_none_until_written_and_when_damaged(tmp_path):
+    run = runfolder.RunFolder(tmp_path)
+    assert run.metrics() is None
+    (tmp_path / "metrics.json").write_text('{"test/fvu": 0.1}')
+    assert run.metrics() == {"test/fvu": 0.1}
+    for damaged in ("[1, 2]", "{not json", "[" * 100_000):
+        (tmp_path / "metrics.json").write_text(damaged)
+        assert run.metrics() is None

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sae.schedules import anneal, lambda_at, lr_factor, ramp, resolve_steps
+from sae.models.schedules import anneal, lambda_at, lr_factor, ramp, resolve_steps
 
 
 def test_resolve_steps_fraction_and_steps():

@@ -1,11 +1,12 @@
-"""Settings declared once (sae.config), derived for the CLI, config files and sweeps (sae.cli)."""
+"""Settings declared once (sae.settings.config), derived for the CLI, config files and sweeps
+(sae.settings.cli)."""
 
 from dataclasses import fields
 
 import pytest
 import yaml
 
-from sae.cli import (
+from sae.settings.cli import (
     SETTINGS,
     UsageError,
     build_parser,
@@ -16,7 +17,7 @@ from sae.cli import (
     to_argv,
     write_config,
 )
-from sae.config import SECTIONS, SAEConfig
+from sae.settings.config import SECTIONS, SAEConfig
 
 
 def test_every_setting_field_is_a_flag_with_its_default_and_help():
@@ -52,9 +53,9 @@ def test_written_config_reads_back_identically(tmp_path):
 
 
 def test_config_file_and_flags_layer(tmp_path):
-    """defaults < --config < explicit flags, and the config.yaml a run writes (sae.cli's
+    """defaults < --config < explicit flags, and the config.yaml a run writes (sae.settings.cli's
     write_config) gives the same settings again as a --config file."""
-    from sae.config import RunConfig
+    from sae.settings.config import RunConfig
 
     (tmp_path / "exp.yaml").write_text("model: kl\nlambda: 0.05\nrho: 0.1\nhidden: 32\n")
     args = resolve_settings(["--config", str(tmp_path / "exp.yaml"), "--lambda", "0.02",
@@ -110,8 +111,8 @@ def test_sae_config_validate_checks_field_bounds_and_cross_fields():
 
 
 def test_a_run_config_is_typed_sections_built_once_and_checked():
-    from sae.cli import run_config
-    from sae.config import RunConfig
+    from sae.settings.cli import run_config
+    from sae.settings.config import RunConfig
 
     config = run_config(["--model", "topk", "--k", "8", "--devices", "0,1", "--epochs", "3",
                          "--no-report", "--out", "x"])
@@ -148,6 +149,6 @@ def test_no_module_below_the_entry_point_imports_it():
                 names = [a.name for a in node.names]
             else:
                 continue
-            if any(n == "sae.run" or n.startswith("sae.run.") for n in names):
+            if any(n == "sae.runs.command" or n.startswith("sae.runs.command.") for n in names):
                 importers.add(path.relative_to(root).as_posix())
-    assert importers == {"sweep/worker.py"}
+    assert importers == {"run.py", "sweep/worker.py"}  # the entry point and the worker

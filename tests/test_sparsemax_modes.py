@@ -115,7 +115,7 @@ def test_energy_temperature_is_the_normalized_one_times_a_power_of_the_input_nor
 
 
 def test_the_energy_power_starts_where_it_is_set_and_stays_there_when_fixed():
-    from sae.checkpoints import expected_state
+    from sae.training.checkpoints import expected_state
 
     x = 3.0 * torch.rand(16, 20, dtype=torch.float64)
     models = {}
@@ -452,8 +452,8 @@ def test_the_default_is_each_inputs_own_support_with_values_that_grow_back():
 
 
 def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meaning(tmp_path):
-    from sae.cli import config_file_dict, resolve_settings, run_config
-    from sae.config import pin_auto
+    from sae.settings.cli import config_file_dict, resolve_settings, run_config
+    from sae.settings.config import pin_auto
 
     # a new run pins auto: its config.yaml and checkpoint name the mode, not auto
     for model, expected in (("sparsemax", ("energy", "unshrunk-ste")),
@@ -491,9 +491,9 @@ def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meanin
 
 
 def test_the_default_inference_is_the_supports_own_rule_and_a_run_keeps_the_rule_it_saved():
-    from sae.cli import run_config
-    from sae.config import pin_auto
-    from sae.variants import variant
+    from sae.settings.cli import run_config
+    from sae.settings.config import pin_auto
+    from sae.settings.variants import variant
 
     # the default rule, whatever the values: the support's own (the per-input support's
     # projection, or the batch support's running threshold), never the threshold setting
@@ -546,7 +546,7 @@ def test_a_configuration_saved_before_the_modes_existed_keeps_its_design():
 
 
 def test_the_inference_threshold_trains_as_sparsemax_and_keeps_as_many_units_at_inference():
-    from sae.checkpoints import expected_state
+    from sae.training.checkpoints import expected_state
 
     x = 3.0 * torch.rand(64, 20, dtype=torch.float64)
     models = {}

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from sae import data as sae_data
-from sae import splitcache
-from sae.data import ImageDataModule
+from sae.data import images as sae_data
+from sae.data import splitcache
+from sae.data.images import ImageDataModule
 from sae.metrics import dynamic, principal_components
 
 

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from sae import runfolder
-from sae.convergence import last_epoch_change, read_validation
 from sae.sweep import launch, spec
+from sae.training import runfolder
+from sae.training.convergence import last_epoch_change, read_validation
 
 # three models trained one after the other by one worker (--jobs 1), so anything a run leaves
 # behind in the process would reach the next: BatchTopK and the Sparsemax-SAE's batch support
@@ -87,8 +87,8 @@ def test_a_sweep_run_equals_the_same_run_trained_alone(finished, data_dir, tmp_p
         assert in_sweep.keys() == trained_alone.keys()
         for key, value in in_sweep.items():
             assert value == pytest.approx(trained_alone[key], abs=1e-5), (later.model, key)
-        # a sweep run writes no pages while the sweep trains (sae.report / sae.features build
-        # them)
+        # a sweep run writes no pages while the sweep trains (sae.pages.report / sae.pages.features
+        # build them)
         folder = sweep / later.rel
         assert not (folder / "report.html").exists() and not (folder / "features.html").exists()
         assert not (folder / "figures").exists()
@@ -126,6 +126,7 @@ def test_a_killed_sweep_continues_to_the_same_results(finished, data_dir, tmp_pa
     assert commands[-1].endswith("--resume")
 
 
+@pytest.mark.slow
 def test_progress_estimates_the_time_left_from_the_runs_trained(finished):
     p = launch.Progress(total=10, jobs=2, to_train=7)
     assert p.left() is None  # nothing trained yet: no estimate
@@ -267,7 +268,7 @@ def test_convergence_is_the_last_epochs_relative_change(tmp_path, values, change
 
 @pytest.mark.slow
 def test_report_draws_a_sweep_runs_figures_as_training_would(tmp_path, data_dir):
-    """``sae.report RUN`` on a run without figures draws them from its checkpoint: the same
+    """``sae.pages.report RUN`` on a run without figures draws them from its checkpoint: the same
     pictures the figure callback draws at the end of training."""
     import numpy as np
     from cli_helpers import QUICK, run_cli

@@ -21,7 +21,7 @@ import time
 import pytest
 from cli_helpers import QUICK, cli_env
 
-from sae.checkpoints import read_checkpoint
+from sae.training.checkpoints import read_checkpoint
 
 pytestmark = pytest.mark.slow
 

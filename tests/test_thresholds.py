@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae import kernels
-from sae.thresholds import batch_topk, jumprelu, step_l0, threshold_code, topk_relu
+from sae.activations import kernels
+from sae.activations.thresholds import batch_topk, jumprelu, step_l0, threshold_code, topk_relu
 
 
 def test_jumprelu_forward_keeps_values_above_threshold_unshrunk():

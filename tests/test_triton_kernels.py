@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 CASES = Path(__file__).with_name("triton_kernel_cases.py")
 
 
+@pytest.mark.slow
 def test_triton_kernels_in_their_own_process():
     import torch
 

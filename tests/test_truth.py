@@ -12,9 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae import metrics, synth
-from sae.matrix import MatrixError, load_data
-from sae.matrixdata import MatrixDataModule
+from sae import metrics
+from sae.data import synth
+from sae.data.matrix import MatrixError, load_data
+from sae.data.matrixdata import MatrixDataModule
 
 SMALL = synth.SynthConfig(dim=16, features=64, train=3000, test=500, mean_l0=6.0, seed=3)
 
@@ -236,8 +237,8 @@ def test_a_run_on_data_with_known_features_is_scored_against_them(tmp_path):
     # its report defines every metric it shows, the scores against the truth included
     from test_report import metric_rows
 
-    from sae import report
-    from sae.metric_defs import METRIC
+    from sae.pages import report
+    from sae.settings.metric_defs import METRIC
 
     rows = metric_rows(report.render_report(tmp_path / "run"))
     assert set(metrics.GROUND_TRUTH_KEYS) <= set(rows)

@@ -1,9 +1,10 @@
-"""Tests of the fused Triton kernels (sae.triton_kernels) behind sparsemax and 1.5-entmax: against
-float64 references (the `entmax` package and the tensor-op path), simplex properties, non-finite
-rows, batch independence, dispatch (eager and torch.compile) and compilation for an H100/H200.
+"""Tests of the fused Triton kernels (sae.activations.triton_kernels) behind sparsemax and
+1.5-entmax: against float64 references (the `entmax` package and the tensor-op path), simplex
+properties, non-finite rows, batch independence, dispatch (eager and torch.compile) and
+compilation for an H100/H200.
 
 Without a GPU the kernels run on CPU tensors in Triton's interpreter: TRITON_INTERPRET must be
-set before triton defines a kernel, which sae.triton_kernels does lazily, on first use.
+set before triton defines a kernel, which sae.activations.triton_kernels does lazily, on first use.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sae import kernels  # noqa: E402
-from sae import triton_kernels as T  # noqa: E402
-from sae.activations import entmax15, sparsemax  # noqa: E402
+from sae.activations import (  # noqa: E402
+    entmax15,
+    kernels,  # noqa: E402
+    sparsemax,
+)
+from sae.activations import triton_kernels as T  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -43,7 +47,8 @@ NAMES = list(MAPS)
 @pytest.fixture(autouse=True)
 def triton_path(monkeypatch):
     """The public maps take the Triton path here: on CPU tensors in the interpreter, ahead of
-    the compiled CPU sparsemax kernels (sae.kernels), which would otherwise come first."""
+    the compiled CPU sparsemax kernels (sae.activations.kernels), which would otherwise come
+    first."""
     monkeypatch.setattr(T, "ON_CPU", True)
     monkeypatch.setattr(kernels, "_ENABLED", False)
 
@@ -234,7 +239,7 @@ def test_kernels_compile_for_hopper():
         "    from triton.backends.compiler import GPUTarget  # noqa: F401\n"
         "except ImportError:\n"
         "    sys.exit(77)\n"
-        "from sae.triton_kernels import compile_for\n"
+        "from sae.activations.triton_kernels import compile_for\n"
         "sizes = compile_for(90, widths=(512,), dtypes=('fp32', 'bf16'))\n"
         "assert len(sizes) == 8 and min(sizes.values()) > 0, sizes\n"
     )

@@ -25,14 +25,16 @@ Bad rows are left out of the computation, so the other rows and their gradients 
 (bitwise) what they would be without them. Empty tensors pass through.
 
 **Compiled CPU kernels.** On CPU, sparsemax of float32/float64 rows of up to
-``sae.kernels.MAX_WIDTH`` entries runs in compiled loops instead (:mod:`sae.kernels`, numba):
+``sae.activations.kernels.MAX_WIDTH`` entries runs in compiled loops instead
+(:mod:`sae.activations.kernels`, numba):
 the same exact threshold (Michelot's fixed point on the entries above max − 1), without the
 per-op overhead that dominates the tensor-op path on such rows. ``SAE_NO_KERNELS=1`` switches
 them off; the tests run every map on both paths.
 
 **Fused GPU kernels.** On CUDA, sparsemax and 1.5-entmax of float32/bfloat16/float16 rows of up
-to ``sae.triton_kernels.MAX_WIDTH`` entries run as one Triton kernel forward and one backward
-(:mod:`sae.triton_kernels`): the same exact thresholds and non-finite conventions, without the
+to ``sae.activations.triton_kernels.MAX_WIDTH`` entries run as one Triton kernel forward and one
+backward (:mod:`sae.activations.triton_kernels`): the same exact thresholds and non-finite
+conventions, without the
 dozens of launches of the tensor-op path. ``SAE_NO_TRITON=1`` switches them off.
 
 **torch.compile.** Each map is registered as an opaque operator (``torch.library.custom_op``,

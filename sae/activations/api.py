@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sae import triton_kernels
+from sae.activations import triton_kernels
 from sae.activations.autograd import _entmax_op, _EntmaxFunction, _is_compiling
 
 _ALPHA_MIN_GAP = 1e-3  # EntmaxAlpha keeps alpha >= 1 + this, whatever its parameter does

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor
 
-from sae import kernels, triton_kernels
+from sae.activations import kernels, triton_kernels
 from sae.activations.solver import _partial_maxima, _solve
 
 
@@ -114,7 +114,8 @@ class _EntmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, alpha: float | Tensor) -> Tensor:
         ctx.kernel = not isinstance(alpha, Tensor) and alpha == 2.0 and kernels.available(x)
-        if ctx.kernel:  # compiled CPU rows (sae.kernels): same result, a fraction of the time
+        # compiled CPU rows (sae.activations.kernels): same result, a fraction of the time
+        if ctx.kernel:
             out = kernels.sparsemax_forward(x.contiguous())
             ctx.save_for_backward(out)
             return out

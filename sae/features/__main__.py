@@ -1,67 +1,9 @@
-"""python -m sae.features <run-folder>: write the run's feature browser."""
+"""``python -m sae.features``: a run's feature browser. The command is
+:mod:`sae.pages.features.command`; this module keeps its name."""
 
-from __future__ import annotations
+from sae.pages.features.command import as_command, main
 
-import sys
-
-from sae.features.build import build_features, checked_run
-from sae.report import RunFolderError
-
-
-def main(argv: list[str] | None = None) -> int:
-    import signal
-
-    from sae.cli import OneLineParser, UsageError, path_arg  # light: no torch, no Lightning
-
-    # Ctrl-C interrupts even when started from a script that ignores SIGINT in the background
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    parser = OneLineParser(prog="python -m sae.features",
-                           description="Write <run-folder>/features.html: what each unit of a "
-                                       "trained SAE responds to.")
-    parser.add_argument("run", type=path_arg, help="run folder (holds config.yaml, checkpoints/)")
-    parser.add_argument("--data-dir", type=path_arg, default=None,
-                        help="folder with the IDX files (default: the run's, $SAE_DATA_DIR)")
-    parser.add_argument("--out", type=path_arg, default=None,
-                        help="write the page here (default: <run-folder>/features.html)")
-    parser.add_argument("--max-inputs", type=int, default=None,
-                        help="use only the first N test inputs")
-    try:
-        args = parser.parse_args(argv)
-        if args.max_inputs is not None and args.max_inputs < 1:
-            raise UsageError(f"--max-inputs must be >= 1, got {args.max_inputs}")
-        if args.out is not None and not args.out.parent.is_dir():
-            raise UsageError(f"--out: folder {args.out.parent} does not exist")
-        checked_run(args.run)  # answer a wrong folder before importing torch
-    except (UsageError, RunFolderError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from sae.process import STOPS, importing, interrupted, interruptible, running_as
-
-    try:
-        with interruptible():
-            # torch and Lightning: a stop mid-import ends the command at once
-            with importing(interrupted if running_as("sae.features") else None):
-                import sae.checkpoints
-                import sae.features.inputs
-                import sae.matrixdata  # noqa: F401
-            from sae.data import DataSourceError
-
-            try:
-                path = build_features(args.run, args.data_dir, args.max_inputs, args.out)
-            except (RunFolderError, DataSourceError, OSError) as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-    except STOPS as exc:  # the page is written atomically: never half of one
-        return interrupted(exc)
-    print(path)
-    return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    code = main()
-    if code in (130, 143):  # stopped: the page is written atomically, so nothing is left
-        from sae.process import exit_now
-
-        exit_now(code)
-    sys.exit(code)
+    as_command()

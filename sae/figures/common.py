@@ -34,7 +34,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sae.io import atomic_file
+from sae.system.io import atomic_file
 
 __all__ = ["DISTINCT", "DPI", "MODEL_STYLES", "NAMED_STYLES", "colour_distance", "drop_unused",
            "empty_note", "figure_to_png_bytes", "figure_to_rgb", "grid_shape", "l0_edges",

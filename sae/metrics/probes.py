@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sae.config import PROBE_LOSSES
 from sae.metrics.basic import _column_mean_std, _flat
+from sae.settings.config import PROBE_LOSSES
 
 # --------------------------------------------------------------------------------------------------
 # linear probe
@@ -400,7 +400,7 @@ def linear_probes(
     The raw-pixel baseline (``raw_pixel_baseline``, an alias of ``linear_probe``) is the same
     fit on pixels::
 
-        from sae.data import load_arrays, to_float
+        from sae.data.images import load_arrays, to_float
         a = load_arrays("mnist")
         baseline = linear_probe(to_float(a.train_images), torch.from_numpy(a.train_labels),
                                 to_float(a.test_images), torch.from_numpy(a.test_labels))

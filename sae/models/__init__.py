@@ -2,8 +2,8 @@
 small module per variant.
 
 Adding a variant is a subclass of ``SparseAutoencoder`` defining ``code`` and ``penalty`` (see
-``l1.py``) in a module of its own, and one ``register`` call in :mod:`sae.variants`, the registry
-that the command line, the checks and ``build_model`` read. The training guards (dead-unit
+``l1.py``) in a module of its own, and one ``register`` call in :mod:`sae.settings.variants`, the
+registry that the command line, the checks and ``build_model`` read. The training guards (dead-unit
 resampling, the non-finite-loss stop) are Lightning callbacks in ``sae.models.guards``;
 ``training_callbacks(config)`` lists those a config needs.
 """
@@ -15,7 +15,6 @@ import importlib
 import torch
 from torch import Tensor
 
-from sae.config import MODELS, SAEConfig
 from sae.models.base import SparseAutoencoder
 from sae.models.batchtopk import BatchTopKSAE
 from sae.models.guards import NonFiniteLossError, training_callbacks
@@ -24,7 +23,8 @@ from sae.models.kl import KLSAE
 from sae.models.l1 import L1SAE
 from sae.models.sparsemax import EntmaxSAE, SparsemaxSAE
 from sae.models.topk import TopKSAE
-from sae.variants import variant
+from sae.settings.config import MODELS, SAEConfig
+from sae.settings.variants import variant
 
 __all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS",
            "NonFiniteLossError", "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE",
@@ -33,7 +33,8 @@ __all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS
 
 
 def model_class(name: str) -> type[SparseAutoencoder]:
-    """The class of the registered variant ``name`` (``sae.variants``); a ``"module:Class"``
+    """The class of the registered variant ``name`` (``sae.settings.variants``); a
+    ``"module:Class"``
     reference is imported here, above the modules it names."""
     cls = variant(name).cls
     if isinstance(cls, str):

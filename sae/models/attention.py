@@ -8,8 +8,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from sae.activations import sparsemax
-from sae.config import SAEConfig
 from sae.models.base import SparseAutoencoder
+from sae.settings.config import SAEConfig
 
 
 class AttentionSAE(SparseAutoencoder):

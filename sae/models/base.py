@@ -36,9 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sae import metrics
-from sae.config import SAEConfig
 from sae.models.losses import column_norms, fvu_term
-from sae.schedules import lambda_at, lr_factor, resolve_steps
+from sae.models.schedules import lambda_at, lr_factor, resolve_steps
+from sae.settings.config import SAEConfig
 
 DIVERGED_FVU = 1e3  # a training batch's FVU above this stops training as a NaN does
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sae.activations.thresholds import batch_topk, threshold_code, update_running_threshold
 from sae.models.gates import support_gate
 from sae.models.topk import TopKSAE
-from sae.thresholds import batch_topk, threshold_code, update_running_threshold
 
 
 class BatchTopKSAE(TopKSAE):

@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from sae.config import SAEConfig
 from sae.models.base import SparseAutoencoder
+from sae.settings.config import SAEConfig
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 

@@ -10,13 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from sae.activations import softplus_inverse
-from sae.config import SAEConfig
+from sae.activations.thresholds import jumprelu, step_l0
 from sae.models.base import SparseAutoencoder
-from sae.thresholds import jumprelu, step_l0
+from sae.settings.config import SAEConfig
 
 
 class JumpReLUSAE(SparseAutoencoder):
-    """h_j = a_j · H(a_j − θ_j), penalty = L0(h) / 8 (``sae.thresholds`` for the gradients).
+    """h_j = a_j · H(a_j − θ_j), penalty = L0(h) / 8 (``sae.activations.thresholds`` for the
+    gradients).
 
     Active values are not shrunk by the threshold. θ_j = exp(log θ_j) > 0 is learned: the
     penalty raises it through the straight-through estimator, the reconstruction moves it both

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from sae.config import SAEConfig
 from sae.models.base import SparseAutoencoder
 from sae.models.losses import kl_sparsity
+from sae.settings.config import SAEConfig
 
 
 class KLSAE(SparseAutoencoder):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sae.thresholds import topk_relu
+from sae.activations.thresholds import topk_relu
 
 
 def fvu_term(x: Tensor, x_hat: Tensor, data_var: Tensor | float) -> Tensor:

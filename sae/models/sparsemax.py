@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sae.activations import EntmaxAlpha, entmax_alpha, softplus_inverse, sparsemax
-from sae.config import SAEConfig
+from sae.activations.thresholds import threshold_code, update_running_threshold
 from sae.models.base import SparseAutoencoder
 from sae.models.gates import support_gate
 from sae.models.losses import effective_support
-from sae.schedules import anneal
-from sae.thresholds import threshold_code, update_running_threshold
+from sae.models.schedules import anneal
+from sae.settings.config import SAEConfig
 
 
 class SparsemaxSAE(SparseAutoencoder):

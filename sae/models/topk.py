@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from sae.activations.thresholds import topk_relu
 from sae.models.base import SparseAutoencoder
 from sae.models.losses import auxk_term
-from sae.thresholds import topk_relu
 
 
 class TopKSAE(SparseAutoencoder):

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from sae.metric_defs import METRIC
+from sae.settings.metric_defs import METRIC
 
 __all__ = ["CONFIG_KEYS", "PROBE_METRICS", "RESULT_COLUMNS", "SUMMARY_METRICS", "config_label",
            "exact_zeros", "is_finite_number", "match_kl", "results_frame", "summarize_seeds"]
@@ -51,7 +51,7 @@ RESULT_COLUMNS = [
     "gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision", "gt_recall",
     "gt_l0_energy", "val_gt_l0_spearman",
     # the last validation (what settings are chosen by), and how much validation FVU and L0
-    # moved in the last epoch (sae.convergence)
+    # moved in the last epoch (sae.training.convergence)
     "val_fvu", "val_l0", "val_fvu_change", "val_l0_change", "converged",
     "run",  # run folder, relative to the sweep folder
 ]

@@ -22,10 +22,10 @@ import json
 import math
 from pathlib import Path
 
-from sae.cli import defaults, read_settings_file
-from sae.convergence import final_validation, last_epoch_change, read_validation
-from sae.io import atomic_file, read_text, write_json
 from sae.sweep.spec import Run
+from sae.system.io import atomic_file, read_text, write_json
+from sae.training.convergence import final_validation, last_epoch_change, read_validation
+from sae.training.runfolder import RunFolder
 
 __all__ = ["ANALYSIS_VERSION", "DataCache", "analyse_run", "analysis_is_current", "collect",
            "pearson", "raw_by_dataset", "raw_probes", "read_json", "run_metrics"]
@@ -48,8 +48,8 @@ class DataCache:
 
     def get(self, settings: dict):
         """The set-up data module of a run's settings (dataset or data file, folder, split
-        sizes): ``sae.matrixdata.data_module``."""
-        from sae.matrixdata import data_module
+        sizes): ``sae.data.matrixdata.data_module``."""
+        from sae.data.matrixdata import data_module
 
         key = tuple(settings.get(k) for k in ("dataset", "data", "data_dir", "val_size",
                                               "limit_train", "limit_test"))
@@ -75,7 +75,7 @@ def read_json(path: Path, kind: type = dict):
 
 def run_metrics(folder: Path) -> dict | None:
     """A finished run's ``metrics.json``; None when it is damaged (not a JSON object)."""
-    return read_json(folder / "metrics.json")
+    return RunFolder(folder).metrics()
 
 
 def pearson(a, b) -> float | None:
@@ -91,7 +91,7 @@ def pearson(a, b) -> float | None:
 def _load_l0(folder: Path):
     """The cached per-input test L0 (``test_l0.npy``; plain numbers only, no pickles; a
     regular file whose header matches its size, at most 64 MiB: NpyError, a ValueError)."""
-    from sae.npyfile import read_array
+    from sae.data.npyfile import read_array
 
     return read_array(folder / "test_l0.npy", limit=64 << 20)
 
@@ -125,8 +125,8 @@ def _dynamic(folder: Path, model, dm, test_codes) -> dict:
     """The dynamic-sparsity measures: the run's own (metrics.json, computed by the same function
     on the same final model at the end of training) or, for a run of an earlier version that
     lacks them, computed here."""
-    from sae.evaluate import dynamic_measures
     from sae.metrics import DYNAMIC_KEYS
+    from sae.training.evaluate import dynamic_measures
 
     measured = run_metrics(folder) or {}
     if all(k in measured for k in DYNAMIC_KEYS):
@@ -142,13 +142,12 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     import torch
 
     from sae import metrics
-    from sae.checkpoints import model_from_checkpoint, read_checkpoint
     from sae.models import encode_codes
+    from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
 
-    settings = read_settings_file(folder / "config.yaml")
-    settings = {**defaults(), **settings}
-    ckpt = folder / "checkpoints" / "last.ckpt"
-    state = read_checkpoint(ckpt)
+    run = RunFolder(folder)
+    settings = run.settings()
+    state = read_checkpoint(run.checkpoint)
     model = model_from_checkpoint(state)
     dm = data.get(settings)
     train_codes, test_codes = encode_codes(model, dm.train_x), encode_codes(model, dm.test_x)
@@ -247,7 +246,7 @@ def _raw_probe_key(dm) -> str | None:
 
 
 def _raw_probe_file() -> Path:
-    from sae.data import default_cache_dir
+    from sae.data.images import default_cache_dir
 
     return default_cache_dir() / "raw_probes.json"
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from sae.metric_defs import METRIC
+from sae.settings.metric_defs import METRIC
 from sae.sweep.aggregate import PROBE_METRICS, config_label, is_finite_number
 from sae.sweep.matching import GROUND_TRUTH_METRICS, criteria, headline, matched_label
 
@@ -45,7 +45,7 @@ def best_cells(summary: pd.DataFrame, dataset: str,
 
 
 def format_criterion(name: str, value: float) -> str:
-    """A verdict value as text, in its metric's format (:mod:`sae.metric_defs`): FVU at 4
+    """A verdict value as text, in its metric's format (:mod:`sae.settings.metric_defs`): FVU at 4
     decimals, probe accuracy and dead units in percent."""
     m = METRIC[name]
     return _pm(value, _NAN, m.fmt, m.scale, " %" if m.scale == 100 else m.unit)
@@ -106,7 +106,7 @@ SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "val_fvu", "l0_mean", "l0_std", "v
 OPTIONAL_COLUMNS = frozenset([*GROUND_TRUTH_METRICS, "probe_accuracy", "probe_sparsemax_accuracy",
                               "probe_sparsemax_classes", "l0_ink_corr",  # no labels: no probes
                               "val_fvu", "val_l0", "adaptivity_partial", "adaptivity_energy"])
-# heading, format, scale and unit of each are the metric's own (sae.metric_defs):
+# heading, format, scale and unit of each are the metric's own (sae.settings.metric_defs):
 # column heading -> (metric, number format, scale, unit)
 _SUMMARY_CELLS = {METRIC[name].label: (name, METRIC[name].fmt, METRIC[name].scale,
                                        METRIC[name].unit) for name in SUMMARY_COLUMNS}
@@ -231,10 +231,10 @@ def to_markdown(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset()) -
 
 def to_html(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset(), wide: bool = False,
             stack: bool = False):
-    """An HTML ``<table>`` (:func:`sae.pages.table`: escaped text; number cells get class
+    """An HTML ``<table>`` (:func:`sae.pages.html.table`: escaped text; number cells get class
     ``num``; cells of ``best``, (row position, column heading), are marked ``best``; ``wide``:
     the box spans the window; ``stack``: a list of its rows on a narrow screen)."""
-    from sae import pages
+    from sae.pages import html as pages
 
     heads = [str(c) for c in table.columns]
     marked = {(r, heads.index(head)) for r, head in best if head in heads}

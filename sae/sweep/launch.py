@@ -25,12 +25,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sae import runfolder
-from sae.cli import UsageError
-from sae.io import open_regular
-from sae.process import PARENT_ENV, RUN_DIR_ENV, STOPS
+from sae.settings.cli import UsageError
 from sae.sweep.analysis import DataCache, analyse_run, analysis_is_current, run_metrics
 from sae.sweep.spec import Run
+from sae.system.io import open_regular
+from sae.system.process import PARENT_ENV, RUN_DIR_ENV, STOPS
+from sae.training import runfolder
 
 __all__ = ["Progress", "RunPool", "Worker", "check_folders", "gpu_device_nodes", "in_process",
            "job_env", "lock", "log_path", "run_state", "run_sweep", "total_threads",
@@ -95,7 +95,7 @@ def lock(sweep_dir: Path):
     only if it is a regular file: a planted link, FIFO, folder or device is refused (UsageError)
     and nothing it points to is touched.
     """
-    from sae.io import UnsafePathError, open_regular
+    from sae.system.io import UnsafePathError, open_regular
 
     try:
         fd = open_regular(sweep_dir / ".lock", os.O_RDWR | os.O_CREAT)
@@ -117,7 +117,7 @@ def lock(sweep_dir: Path):
 
 
 def open_log(path: Path):
-    """A run's log, opened for appending without following a link (sae.io.open_regular)."""
+    """A run's log, opened for appending without following a link (sae.system.io.open_regular)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     return os.fdopen(fd, "a", encoding="utf-8")

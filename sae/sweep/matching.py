@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from sae.metric_defs import METRIC
+from sae.settings.metric_defs import METRIC
 from sae.sweep.aggregate import (
     _EXACT_TOL,
     CONFIG_KEYS,

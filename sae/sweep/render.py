@@ -24,11 +24,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from sae.io import read_text, write_bytes, write_text
-from sae.metric_defs import METRIC
+from sae.settings.metric_defs import METRIC
 from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes, read_json
 from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
+from sae.system.io import read_text, write_bytes, write_text
 
 __all__ = ["FIGURE_FILES", "comparison_html", "comparison_markdown", "findings", "legend",
            "prepare_outputs", "publish_page", "related_links", "relink_page", "see_also_html",
@@ -59,7 +59,8 @@ LEGEND_SUMMARY = "What the columns mean: mean ± std over seeds, on the test set
 
 
 def legend() -> str:
-    """What the summary table's cells are: its metrics' definitions (:mod:`sae.metric_defs`)."""
+    """What the summary table's cells are: its metrics' definitions
+    (:mod:`sae.settings.metric_defs`)."""
     from sae.sweep.display import SUMMARY_COLUMNS
 
     return ("Cells are mean ± std over seeds (sample std; none with one seed), on the test set. "
@@ -204,7 +205,7 @@ def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict
     column, relative to the page) whose ``report.html`` exists. Missing files get no link, so a
     copy without ``runs/`` names none. ``datasets`` are the page's own datasets.
     """
-    from sae.config import DATASETS
+    from sae.settings.config import DATASETS
 
     page_dir = Path(page_dir)
     here = page_dir.resolve()
@@ -241,7 +242,7 @@ def see_also_markdown(pages: Sequence[tuple[str, str]]) -> str | None:
 
 def see_also_html(pages: Sequence[tuple[str, str]]):
     """comparison.html's "See also" paragraph text (a fragment); None without pages."""
-    from sae import pages as html
+    from sae.pages import html
 
     if not pages:
         return None
@@ -259,7 +260,7 @@ def relink_page(page_dir: Path, datasets: Sequence[str]) -> list[Path]:
     the pages that exist beside it now; nothing else in them changes.
 
     A page links the pages that existed when it was rendered, so a page published later was
-    missing from every earlier one; :func:`sae.compare.publish` calls this for each earlier
+    missing from every earlier one; :func:`sae.sweep.command.publish` calls this for each earlier
     publication beside the one it writes. The line becomes what :func:`publish_page` would
     write now (the tests hold the two equal). ``datasets`` are the page's own (the link order).
     Returns the files rewritten (those whose line changed); a page that cannot be read as
@@ -380,7 +381,7 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
     """comparison.html of the runs ``results``: the verdict, findings and tables of
     comparison.md, the plots, the links of ``links`` (:func:`related_links`) and the sweep
     file, one page."""
-    from sae import pages
+    from sae.pages import html as pages
     from sae.sweep.aggregate import match_kl, summarize_seeds
     from sae.sweep.display import (
         best_cells,

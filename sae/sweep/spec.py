@@ -3,7 +3,7 @@
 :func:`load_sweep` checks the file's structure and names (datasets, seeds, models, setting
 names); :func:`plan` expands it into one :class:`Run` per dataset × model × grid value × seed and
 checks every combination's values with ``sae.run``'s own parser and model validation, so a bad
-sweep fails before anything trains. The file format is documented in :mod:`sae.compare`.
+sweep fails before anything trains. The file format is documented in :mod:`sae.sweep.command`.
 
 Everything that talks to ``sae.run``'s settings API (which settings exist, how a setting is
 written as a flag, how one combination is resolved and validated) sits in one section below,
@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sae.cli import UsageError, check_mapping, load_yaml, run_config, shown, to_argv
-from sae.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES, RunConfig
-from sae.variants import NO_BUDGET
+from sae.settings.cli import UsageError, check_mapping, load_yaml, run_config, shown, to_argv
+from sae.settings.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES, RunConfig
+from sae.settings.variants import NO_BUDGET
 
 __all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
            "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
@@ -110,7 +110,7 @@ def resolve_run(argv: list[str]) -> RunConfig:
 
 
 def _settings(mapping: object, where: str, lists: frozenset = frozenset()) -> dict:
-    """A mapping of sae.run settings, checked (``sae.cli``), keyed by field name.
+    """A mapping of sae.run settings, checked (``sae.settings.cli``), keyed by field name.
 
     ``lists`` names settings that may hold a list (a model's grid).
     """
@@ -140,7 +140,7 @@ def _grid(values: object, where: str) -> tuple[float, ...]:
 
 
 def _model_entry(name: object, entry: object, path: Path) -> ModelEntry:
-    from sae.config import MODELS
+    from sae.settings.config import MODELS
 
     # the name is a folder name in the sweep: short enough for any file system
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
@@ -231,7 +231,7 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def _data_name(path: str) -> str:
     """The dataset name of runs on a data file: the manifest's name or the file's stem."""
-    from sae.matrixdata import data_name
+    from sae.data.matrixdata import data_name
 
     return data_name(path)
 

@@ -7,9 +7,9 @@ A sweep instead keeps one worker per job slot (:class:`Worker`, started by
 
     {"argv": [...sae.run flags, --out included...], "log": "<path>", "analyse": true}
 
-and trains each with ``sae.run.main(argv)``, in this process, with its stdout and stderr (file
-descriptors 1 and 2, so Lightning's and C-level output too) appended to the run's log. Each run
-is exactly what ``python -m sae.run ARGV`` would do: same settings layer, same seed handling
+and trains each with ``sae.runs.command.main(argv)``, in this process, with its stdout and stderr
+(file descriptors 1 and 2, so Lightning's and C-level output too) appended to the run's log. Each
+run is exactly what ``python -m sae.run ARGV`` would do: same settings layer, same seed handling
 (``seed_everything`` at the start of every run), same run folder, checkpoints and exit codes. With
 ``analyse`` the worker then analyses the finished run (:func:`sae.sweep.analysis.analyse_run`:
 probes and dynamic-sparsity measures, cached in the run folder), while the trained run's data is
@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from sae.process import (
+from sae.system.process import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -62,8 +62,9 @@ def _folder_of(argv: list[str]) -> Path | None:
 
 def run_job(job: dict, data) -> dict:
     """Train (and analyse) one run in this process; returns the answer to send back."""
-    from sae import run, runfolder
+    from sae.runs import command as run
     from sae.sweep.launch import open_log
+    from sae.training import runfolder
 
     argv, log = list(job["argv"]), Path(job["log"])
     with open_log(log) as fh:
@@ -108,7 +109,7 @@ def main() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     # until the first job, and between jobs, output goes where stderr went
     os.dup2(2, 1)
-    from sae.process import stop_with_parent
+    from sae.system.process import stop_with_parent
 
     stop_with_parent()  # stop (SIGTERM) when the sweep dies, even by kill -9
     import torch

@@ -1,0 +1,450 @@
+"""Any activation matrix as a dataset: a ``.npy`` file of N rows of D numbers, or a manifest.
+
+An SAE reads what a network represents from its activations, so the data need not be pixels.
+Two ways to name such data (``--data``):
+
+- a ``.npy`` file of shape (N, D), float16, float32 or float64: unlabelled rows, split into
+  train / validation / test with a fixed seed;
+- a manifest, a JSON file that names the files of each split and what comes with them::
+
+      {"format": "sae-activations/1",
+       "name": "MNIST, MLP hidden layer 1",
+       "train": {"x": "train.npy", "labels": "train_labels.npy", "rows": "train_rows.npy"},
+       "test":  {"x": "test.npy",  "labels": "test_labels.npy",  "rows": "test_rows.npy"},
+       "images": {"dataset": "mnist"},          (optional: rows index that dataset's images)
+       "class_names": ["0", "1", ...]}          (optional)
+
+  Data whose features are known (``python -m sae.synth``) add ``"truth": {"features":
+  "features.npy"}``, the true dictionary [F, D], and to each split ``"active":
+  "train_active.npy"``, each row's true features as bits (``numpy.packbits`` along the row:
+  [N, ceil(F / 8)] uint8); a run on them is scored against the truth (``sae.metrics.truth``).
+
+  Paths are relative to the manifest's folder. ``labels`` is an (N,) integer ``.npy`` (for the
+  probes and the class figures), ``rows`` an (N,) integer ``.npy`` of the image each row came
+  from (row i of the train split came from image ``rows[i]`` of the dataset's training split),
+  and ``texts`` (instead of images) a UTF-8 file with one line per row, e.g. a token in its
+  context. ``test`` is optional: without it the test split is carved from ``train`` as the
+  validation split is. ``python -m sae.layer`` writes such a manifest for a trained
+  classifier's hidden layer.
+
+Matrices are opened memory-mapped (:mod:`sae.data.npyfile`, never with pickles): a file larger than
+memory is read a batch at a time. Every file must be a regular file (no FIFO, device or folder),
+and a ``.npy`` header is checked against the opened file's size before anything is read or
+allocated. Everything is checked before any work, with a one-line :class:`MatrixError`: a
+missing file, a rank other than 2, a dtype that is not a real float, NaN or inf in any row, or a
+float64 value beyond the float32 range that training computes in (found by streaming through
+the file), labels or rows of the wrong length, labels beyond :data:`MAX_CLASSES` or more classes
+than training rows, texts over :data:`TEXT_ROW_LIMIT` bytes a row, differing D between splits.
+:func:`describe` gives what a run folder records (path, shape, dtype, SHA-256), so that a resume
+or a sweep can refuse a different file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["FORMAT", "MatrixData", "MatrixError", "MatrixSplit", "describe", "file_sha256",
+           "load_data", "open_matrix"]
+
+FORMAT = "sae-activations/1"
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+MANIFEST_LIMIT = 1 << 20  # bytes: a manifest names files; it holds no data
+TEXT_LIMIT = 1 << 30  # bytes: one line per row
+TRUTH_FEATURES = 1 << 16  # true features a manifest may name
+SPLIT_KEYS = ("x", "labels", "rows", "texts", "active")  # what a split of a manifest names
+TEXT_ROW_LIMIT = 64 << 10  # bytes of text per row, on average, at most
+MAX_CLASSES = 1000  # classes a run's figures, probes and pages hold
+MAX_NAME = 200  # characters of the data's name and of each class name (titles, tables, pages)
+F32_MAX = float(np.finfo(np.float32).max)  # training reads every row as float32
+SCAN_BYTES = 64 << 20  # rows read at a time when scanning a matrix for NaN or inf
+
+
+class MatrixError(ValueError):
+    """The activation data cannot be used; the message says which file and why, in one line."""
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """Shape, dtype and Fortran order from a ``.npy`` header, without reading the data (or
+    unpickling anything: an object dtype is refused from the header alone)."""
+    from sae.data.npyfile import NpyError, open_npy, read_header
+
+    try:
+        with open_npy(path) as f:
+            header = read_header(f, path)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
+    return header.shape, header.dtype, header.fortran
+
+
+def open_matrix(path: str | Path) -> np.ndarray:
+    """The (N, D) float matrix of a ``.npy`` file, memory-mapped read-only; checked from its
+    header (rank 2, N ≥ 2, D ≥ 1, a real float dtype) before it is mapped."""
+    path = Path(path)
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 2:
+        raise MatrixError(f"{path} holds an array of shape {shape}; an (N, D) matrix is needed "
+                          "(one row per input)")
+    if shape[0] < 2 or shape[1] < 1:
+        raise MatrixError(f"{path} holds {shape[0]} rows of {shape[1]} numbers; at least 2 rows "
+                          "of 1 are needed")
+    if dtype.type not in FLOAT_DTYPES:
+        raise MatrixError(f"{path} holds {dtype} values; float16, float32 or float64 are "
+                          "needed (convert with x.astype('float32'))")
+    from sae.data.npyfile import NpyError, map_array
+
+    try:  # the file opened again is checked again: the header's size against the file's
+        return map_array(path)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
+
+
+def first_nonfinite_row(x: np.ndarray) -> int | None:
+    """The first row holding NaN or ±inf, or None; reads the matrix in blocks of about
+    ``SCAN_BYTES``, so a memory-mapped file larger than memory is scanned, not loaded."""
+    found = first_unusable_row(x, beyond_float32=False)
+    return None if found is None else found[0]
+
+
+def first_unusable_row(x: np.ndarray, beyond_float32: bool = True) -> tuple[int, str] | None:
+    """(the first row training cannot use, why), or None: NaN or ±inf, or (``beyond_float32``,
+    float64 files) a finite value that float32, which training computes in, cannot hold (it
+    would become inf). Reads the matrix in blocks of about ``SCAN_BYTES``; no numpy warning."""
+    step = max(1, SCAN_BYTES // max(1, x.shape[1] * x.itemsize))
+    wide = beyond_float32 and x.dtype.itemsize > 4
+    for start in range(0, len(x), step):
+        block = np.asarray(x[start:start + step])
+        with np.errstate(all="ignore"):
+            # NaN compares False: one test finds NaN, inf and (float64) values too large
+            bad = ~(np.abs(block) <= F32_MAX).all(axis=1) if wide else \
+                ~np.isfinite(block).all(axis=1)
+        if bad.any():
+            row = int(np.argmax(bad))
+            values = block[row]
+            if not np.isfinite(values).all():
+                return start + row, "holds NaN or inf"
+            big = float(values[np.argmax(np.abs(values))])
+            return start + row, (f"holds {big:.3g}, beyond the float32 range (±{F32_MAX:.3g}) "
+                                 "that training computes in: numeric overflow; scale the data "
+                                 "down")
+    return None
+
+
+def _int_vector(path: Path, n: int, what: str, low: int = 0, high: int | None = None) -> np.ndarray:
+    """An (n,) integer ``.npy`` with values in [low, high), loaded (it is small)."""
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 1 or shape[0] != n:
+        raise MatrixError(f"{path}: {what} of shape {shape}; ({n},) needed, one per row")
+    if not np.issubdtype(dtype, np.integer):
+        raise MatrixError(f"{path}: {what} are {dtype}; integers are needed")
+    from sae.data.npyfile import NpyError, read_array
+
+    try:  # at most 8 bytes an integer, n of them: the shape was checked above
+        values = read_array(path, limit=8 * max(n, 1)).astype(np.int64)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
+    if n and (values.min() < low or (high is not None and values.max() >= high)):
+        bad = values.min() if values.min() < low else values.max()
+        bounds = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise MatrixError(f"{path}: {what} holds {int(bad)}; values {bounds} are needed")
+    return values
+
+
+def _texts(path: Path, n: int) -> list[str]:
+    from sae.system.io import UnsafePathError, read_bytes
+
+    limit = min(TEXT_LIMIT, n * TEXT_ROW_LIMIT)
+    try:  # a regular file only (a FIFO or /dev/zero never ends), bounded by the bytes read
+        raw = read_bytes(path, limit, follow_links=True)
+    except FileNotFoundError:
+        raise MatrixError(f"{path} does not exist") from None
+    except UnsafePathError as e:
+        if "larger than" in str(e):
+            raise MatrixError(f"{path} holds more than {limit:,} bytes of text; at most "
+                              f"{TEXT_ROW_LIMIT:,} a row on average ({n} rows)") from None
+        raise MatrixError(str(e)) from None
+    except OSError as e:
+        raise MatrixError(f"{path} cannot be read ({e.strerror or e})") from None
+    try:
+        lines = raw.decode("utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise MatrixError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) != n:
+        raise MatrixError(f"{path} holds {len(lines)} lines; {n} needed, one per row")
+    return lines
+
+
+@dataclass
+class MatrixSplit:
+    """One split: the matrix (memory-mapped), and per row its label, image index and text."""
+
+    x: np.ndarray
+    labels: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    texts: list[str] | None = None
+    active: np.ndarray | None = None  # [N, ceil(F / 8)] uint8: the true features, as bits
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class MatrixData:
+    """Activation data as named by ``--data``: a train split, an optional test split (else
+    carved from train), and how to show a row to a person (``images``: a dataset name whose
+    images ``rows`` index; ``texts``: a line per row)."""
+
+    name: str
+    train: MatrixSplit
+    test: MatrixSplit | None
+    images: str | None = None
+    class_names: list[str] | None = None
+    source: Path | None = None
+    truth_features: np.ndarray | None = None  # [F, D]: the true dictionary, when known
+
+    @property
+    def dim(self) -> int:
+        return int(self.train.x.shape[1])
+
+    @property
+    def n_classes(self) -> int | None:
+        if self.train.labels is None:
+            return None
+        if self.class_names is not None:
+            return len(self.class_names)
+        labels = [s.labels for s in (self.train, self.test) if s is not None]
+        return int(max(int(v.max()) for v in labels)) + 1
+
+
+def _split(entry: object, folder: Path, name: str, images: str | None,
+           n_images: int | None) -> MatrixSplit:
+    if not isinstance(entry, dict) or not isinstance(entry.get("x"), str):
+        raise MatrixError(f"manifest: {name!r} must be an object with an \"x\" file name")
+    unknown = set(entry) - set(SPLIT_KEYS)
+    if unknown:
+        raise MatrixError(f"manifest: {name!r} has unknown keys {sorted(unknown)}; known: "
+                          f"{', '.join(SPLIT_KEYS)}")
+    files = {}
+    for key in SPLIT_KEYS:
+        value = entry.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise MatrixError(f"manifest: {name}.{key} must be a file name")
+        files[key] = folder / value
+    x = open_matrix(files["x"])
+    n = len(x)
+    split = MatrixSplit(x=x, files=files)
+    if "labels" in files:
+        split.labels = _int_vector(files["labels"], n, "labels", 0, MAX_CLASSES)
+    if "rows" in files:
+        if images is None:
+            raise MatrixError(f"manifest: {name}.rows needs \"images\" (the dataset they index)")
+        split.rows = _int_vector(files["rows"], n, "image rows", 0, n_images)
+    elif images is not None:
+        raise MatrixError(f"manifest: \"images\" is given but {name}.rows is not")
+    if "texts" in files:
+        split.texts = _texts(files["texts"], n)
+    if "active" in files:
+        split.active = _bit_rows(files["active"], n)
+    return split
+
+
+def _bit_rows(path: Path, n: int) -> np.ndarray:
+    """An (n, B) uint8 ``.npy`` of packed bits (each row's true features), memory-mapped."""
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 2 or shape[0] != n or shape[1] < 1 or dtype != np.uint8:
+        raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an ({n}, "
+                          "ceil(F / 8)) uint8 array of packed bits is needed, one row per row")
+    from sae.data.npyfile import NpyError, map_array
+
+    try:
+        return map_array(path)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
+
+
+def _truth(spec: object, folder: Path, dim: int, splits: list[MatrixSplit]) -> np.ndarray:
+    """The true dictionary [F, D] of a manifest's ``truth``, checked against its splits."""
+    if not isinstance(spec, dict) or set(spec) != {"features"} or \
+            not isinstance(spec["features"], str) or not spec["features"]:
+        raise MatrixError("manifest: \"truth\" must be {\"features\": a file name}")
+    path = folder / spec["features"]
+    shape, dtype, _ = _npy_header(path)
+    if len(shape) != 2 or shape[1] != dim or not 1 <= shape[0] <= TRUTH_FEATURES or \
+            dtype.type not in FLOAT_DTYPES:
+        raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an (F, "
+                          f"{dim}) float array is needed, F at most {TRUTH_FEATURES}")
+    from sae.data.npyfile import NpyError, read_array
+
+    try:
+        features = read_array(path, TRUTH_FEATURES * dim * 8).astype(np.float32)
+    except NpyError as e:
+        raise MatrixError(str(e)) from None
+    if not np.isfinite(features).all():
+        raise MatrixError(f"{path}: the true features hold NaN or inf")
+    for split in splits:
+        if split.active is None:
+            raise MatrixError("manifest: \"truth\" is given, so every split needs \"active\"")
+        if split.active.shape[1] != -(-len(features) // 8):
+            raise MatrixError(f"{split.files['active']}: {split.active.shape[1]} bytes per row "
+                              f"for {len(features)} true features; {-(-len(features) // 8)} "
+                              "needed")
+    return features
+
+
+def _image_count(dataset: str, split: str, data_dir: str | Path | None) -> int:
+    """How many images a dataset's split holds (read from the IDX files where training will
+    find them: ``data_dir``, else the usual sources of :func:`sae.data.images.load_arrays`)."""
+    from sae.data.images import DataSourceError, load_arrays
+
+    try:
+        arrays = load_arrays(dataset, data_dir)
+    except DataSourceError as e:
+        raise MatrixError(f"manifest: images of {dataset}: {e}") from None
+    return len(arrays.train_images if split == "train" else arrays.test_images)
+
+
+def manifest_name(path: str | Path) -> str | None:
+    """A manifest's ``name`` (None when it has none or cannot be read): enough to name a run's
+    folder without checking the files it names."""
+    from sae.system.io import read_text
+
+    try:
+        spec = json.loads(read_text(Path(path).expanduser(), MANIFEST_LIMIT, follow_links=True))
+    except (OSError, ValueError, RecursionError):
+        return None
+    name = spec.get("name") if isinstance(spec, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
+    from sae.system.io import read_text
+
+    try:
+        spec = json.loads(read_text(path, MANIFEST_LIMIT, follow_links=True))
+    except FileNotFoundError:
+        raise MatrixError(f"{path} does not exist") from None
+    except (OSError, ValueError) as e:
+        raise MatrixError(f"{path} is not a readable JSON manifest ({str(e).splitlines()[0]})") \
+            from None
+    except RecursionError:
+        raise MatrixError(f"{path} is not a readable JSON manifest (it nests too deeply)") \
+            from None
+    if not isinstance(spec, dict) or spec.get("format") != FORMAT:
+        raise MatrixError(f"{path}: a manifest is a JSON object with \"format\": \"{FORMAT}\"")
+    unknown = set(spec) - {"format", "name", "train", "test", "images", "class_names", "source",
+                           "truth"}
+    if unknown:
+        raise MatrixError(f"{path}: unknown keys {sorted(unknown)}")
+    images = spec.get("images")
+    if images is not None:
+        from sae.data.images import DATASETS
+
+        if not isinstance(images, dict) or images.get("dataset") not in DATASETS:
+            raise MatrixError(f"{path}: \"images\" must be {{\"dataset\": one of "
+                              f"{sorted(DATASETS)}}}")
+        images = images["dataset"]
+    folder = path.parent
+    count = (lambda split: _image_count(images, split, data_dir)) if images else \
+        (lambda split: None)
+    train = _split(spec.get("train"), folder, "train", images, count("train"))
+    test = None
+    if spec.get("test") is not None:
+        test = _split(spec["test"], folder, "test", images, count("test"))
+        if test.x.shape[1] != train.x.shape[1]:
+            raise MatrixError(f"{path}: test rows have {test.x.shape[1]} numbers, train rows "
+                              f"{train.x.shape[1]}")
+        if (test.labels is None) != (train.labels is None):
+            raise MatrixError(f"{path}: labels must be given for both splits or neither")
+    names = spec.get("class_names")
+    if names is not None:
+        if not (isinstance(names, list) and names and all(isinstance(c, str) for c in names)):
+            raise MatrixError(f"{path}: \"class_names\" must be a list of strings")
+        top = max(int(s.labels.max()) for s in (train, test) if s is not None
+                  and s.labels is not None) if train.labels is not None else -1
+        if top >= len(names):
+            raise MatrixError(f"{path}: label {top} has no name in \"class_names\" "
+                              f"({len(names)} names)")
+    name = spec.get("name") if isinstance(spec.get("name"), str) else path.stem
+    splits = [s for s in (train, test) if s is not None]
+    truth = None
+    if spec.get("truth") is not None:
+        truth = _truth(spec["truth"], folder, train.x.shape[1], splits)
+    elif any(s.active is not None for s in splits):
+        raise MatrixError(f"{path}: \"active\" needs \"truth\" (the true features it marks)")
+    return MatrixData(name=name, train=train, test=test, images=images, class_names=names,
+                      source=path, truth_features=truth)
+
+
+def load_data(path: str | Path, check_finite: bool = True,
+              data_dir: str | Path | None = None) -> MatrixData:
+    """The activation data ``--data`` names (a ``.npy`` matrix or a ``.json`` manifest), every
+    file checked; NaN or inf anywhere is refused unless ``check_finite`` is off. A manifest's
+    image rows are checked against the images found in ``data_dir`` (``--data-dir``), else
+    where :func:`sae.data.images.load_arrays` looks."""
+    path = Path(path).expanduser()
+    if path.suffix.lower() == ".json":
+        data = _manifest(path, data_dir)
+    else:
+        data = MatrixData(name=path.stem, train=MatrixSplit(x=open_matrix(path),
+                                                            files={"x": path}),
+                          test=None, source=path)
+    _check_classes(data)
+    if check_finite:
+        for split in (data.train, data.test):
+            if split is None:
+                continue
+            found = first_unusable_row(split.x)
+            if found is not None:
+                raise MatrixError(f"{split.files['x']}: row {found[0]} {found[1]}")
+    return data
+
+
+def _check_classes(data: MatrixData) -> None:
+    """Refuse more classes than a run holds (:data:`MAX_CLASSES`) or than training rows, and
+    names longer than :data:`MAX_NAME`: the class figures, probes and pages are sized by them."""
+    names = data.class_names
+    if names is not None and len(names) > MAX_CLASSES:
+        raise MatrixError(f"{data.source}: \"class_names\" holds {len(names):,} names; at most "
+                          f"{MAX_CLASSES:,} classes")
+    given = [data.name] if data.source is None or data.name != data.source.stem else []
+    longest = max([*given, *(names or [])], key=len, default="")
+    if len(longest) > MAX_NAME:
+        raise MatrixError(f"{data.source}: a name of {len(longest):,} characters "
+                          f"({longest[:40]!r}...); at most {MAX_NAME}")
+    classes, rows = data.n_classes, len(data.train.x)
+    if classes is not None and classes > rows:
+        what = "class names" if names is not None else f"classes (labels up to {classes - 1})"
+        raise MatrixError(f"{data.source}: {classes:,} {what} for {rows:,} training rows; more "
+                          "classes than rows cannot be learned")
+
+
+def file_sha256(path: str | Path, block: int = 8 << 20) -> str:
+    """SHA-256 of a file's bytes, read in blocks (a large matrix is never held whole)."""
+    from sae.system.io import open_regular
+
+    digest = hashlib.sha256()
+    with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe(data: MatrixData) -> dict:
+    """What a run folder records of its data: for each split's matrix its path, shape, dtype
+    and SHA-256, so that a resume or a sweep can refuse a different file, and whether its rows
+    have labels (the pages of a run on rows without labels show no classes)."""
+    out: dict = {"name": data.name, "source": str(data.source), "images": data.images,
+                 "labelled": data.train.labels is not None}
+    for name, split in (("train", data.train), ("test", data.test)):
+        if split is None:
+            continue
+        out[name] = {"path": str(split.files["x"]), "shape": list(split.x.shape),
+                     "dtype": str(split.x.dtype), "sha256": file_sha256(split.files["x"])}
+    return out

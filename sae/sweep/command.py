@@ -1,0 +1,356 @@
+"""python -m sae.compare: train a grid of SAEs, analyse each run, compare them in tables and plots.
+
+    python -m sae.compare experiments/quick.yaml [--out DIR] [--jobs N] [--dry-run]
+                                                 [--publish DIR] [--engine workers|processes]
+
+Sweep file (YAML)::
+
+    description: free text shown at the top of the comparison     (optional)
+    datasets: [mnist, fashion-mnist]      # or one name
+    seeds: [0, 1, 2]                      # training seeds (a list of integers >= 0)
+    common:                               # sae.run settings for every run (optional)
+      hidden: 512
+      epochs: 8
+    models:                               # name -> entry; the order is the tables' order
+      l1:
+        lambda: [0.003, 0.01, 0.03]       # the grid: λ for every model but topk ...
+      topk:
+        k: [16, 32, 64]                   # ... and k for topk
+      kl:
+        lambda: [0.01, 0.1, 1.0]
+        rho: 0.05                         # any other key: a per-model override of `common`
+      entmax-anneal:                      # a name that is not a model needs `model:`
+        model: entmax
+        alpha_mode: anneal
+        lambda: [0.01]
+    probe_loss: softmax                   # or sparsemax: the probe the verdict judges (optional;
+                                          # both probes are fitted and tabled)
+    targets: [5, 10, 20]                  # the mean L0s models are compared at (optional;
+                                          # default 16 and 32, and 64 in the verdict)
+
+Settings are ``sae.run`` flag names without the dashes (``max_steps`` or ``max-steps``; ``lambda``
+for ``--lambda``); ``true``/``false`` turn switches such as ``no_figures`` on or off, ``null`` means
+sae.run's default. ``dataset``, ``seed`` and ``model`` come from the sweep's structure, and
+``out``, ``resume``, ``overwrite`` and ``config`` belong to the runner, so none of them may appear
+in ``common``. Activations instead of images: ``data: FILE`` (a ``.npy`` matrix or a ``.json``
+manifest, as ``sae.run --data``) in ``common`` (then without ``datasets``) or in a model's entry;
+such runs are named, in folders and tables, after the manifest's name or the file's stem, and a
+sweep whose started runs trained on other bytes than the file holds now is refused. Only the grid
+key takes a list (``devices`` may be a list of GPU ids); a missing
+grid key gives one run at the value of ``common`` or sae.run's default. Every combination is
+checked with sae.run's own parser before anything starts; bad input is one ``error:`` line on
+stderr and exit code 2.
+
+Sweep folder (default ``sweeps/<sweep file stem>``)::
+
+    sweep.yaml                 the sweep file as last run
+    runs/<dataset>/<model>/<lambda0.01 | k32>/seed<s>/
+                               a sae.run folder, plus analysis.json and test_l0.npy
+    logs/<same path>.log       each run's console output (appended on every attempt)
+    raw_probe.json             raw-pixel probe accuracy per dataset and data split (cached)
+    results.csv                one row per finished run (sae.sweep.aggregate.RESULT_COLUMNS)
+    comparison.md              mean ± std over seeds per configuration, "vs KL-SAE", raw input
+    comparison.html            the same tables and the plots, one self-contained page
+    fvu_vs_l0.png, l0_distributions.png, and what the data has: probe_vs_l0.png and
+    class_l0.png (labels), l0_ink_correlation.png (images), truth_vs_l0.png (known features)
+
+``--publish DIR`` copies everything above but ``runs/``, ``logs/`` and ``raw_probe.json`` to DIR
+(the committed ``figures/compare/<preset>/`` folders are made this way), with the marker file
+``.sae-publication``, and brings the "See also" line of every other publication beside DIR up to
+date, so that the pages published before it link it too, and so the figure gallery's list of
+comparisons (DIR/../../gallery, when there is one). DIR must be new, empty or an earlier
+publication (it carries the marker and only a publication's files); any other folder, even one
+holding only files named like a sweep's outputs, is refused before any work.
+
+Damage and interruptions: a sweep folder or run folder holding a link is refused (the writes
+would land outside it); a damaged ``analysis.json``, ``test_l0.npy`` or ``raw_probe.json`` is
+recomputed; a run whose ``metrics.json`` is damaged is reported as failed (one line; delete that
+file to train the run again) and the others are tabled. Ctrl-C or SIGTERM while the outputs are
+written stops with one line (exit 130 / 143); each output is written atomically, so none is left
+half-written.
+
+Each run trains as ``python -m sae.run ... --out <run folder>`` would: in one of ``--jobs``
+long-lived worker processes (:mod:`sae.sweep.worker`), which import torch and Lightning and read
+the dataset once and then train, and analyse, run after run; a multi-process run (DDP) and every
+run under ``--engine processes`` in a subprocess of its own. While the sweep trains, its runs
+write no figures, feature browser or report (``sae.sweep.spec.RUN_PAGES_OFF``; ``common`` may
+switch them on): ``python -m sae.report RUN`` and ``python -m sae.features RUN`` build them for
+the runs a reader opens. A run with
+``metrics.json`` is finished and never trained again (nor deleted); one with a checkpoint but no
+``metrics.json`` continues with ``--resume``; one killed before its first checkpoint (only
+``config.yaml``) starts again with ``--overwrite``. So a killed sweep, started again with the same
+command, picks up where it stopped; a resumed run keeps the settings of its own config.yaml. To
+change a finished configuration, use a new ``--out`` (or move its run folders away). Runs no
+longer in the sweep file are left alone and left out of the tables. ``--jobs N`` trains N runs at
+a time, splitting the CPU threads between them (``OMP_NUM_THREADS``), or giving each one GPU
+(``CUDA_VISIBLE_DEVICES``) when GPUs are visible and its accelerator is ``gpu``, ``cuda`` or
+``auto`` (with ``--jobs 1`` a run sees every GPU, for ``devices: 2`` and DDP). Ctrl-C stops the
+sweep: the running trainings get SIGINT and keep their last checkpoint; no new ones start.
+
+Analysis of a finished run (cached in ``analysis.json`` next to the run's ``metrics.json``) loads
+``checkpoints/last.ckpt``, encodes the run's own training and test images, and records the linear
+probe's test accuracy (``sae.metrics.linear_probe``: train-set codes -> test-set codes), the mean
+L0 of each class on the test set, and the Pearson correlation between a test input's L0 and its
+ink (sum of pixels; undefined, stored as null, when L0 or ink is constant). The per-sample test L0
+is saved as ``test_l0.npy``. The tables and plots wait for the last run, but what they need
+before it (the plotting libraries, the raw-pixel probes) is done as soon as a slot has no run
+left to take, while the others still train. Exit status: 0 when every run finished, 1 when some
+failed (the tables then cover the finished ones), 2 for bad input, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from sae.data.rundata import check_sweep_data
+from sae.settings.cli import OneLineParser, UsageError, path_arg
+from sae.sweep.analysis import DataCache
+from sae.sweep.launch import (
+    check_folders,
+    lock,
+    run_state,
+    run_sweep,
+    total_threads,
+    train_command,
+    uses_gpu,
+    visible_gpus,
+)
+from sae.sweep.render import (
+    FIGURE_FILES,
+    prepare_outputs,
+    publish_page,
+    relink_page,
+    write_outputs,
+)
+from sae.sweep.spec import Run, Sweep, load_sweep, plan
+from sae.system.io import copy_file, find_link, read_text, write_text
+from sae.system.process import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    STOPS,
+    interrupted,
+    raise_terminated,
+    stop_code,
+    stop_word,
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, checked: ``--jobs`` an integer >= 1, ``--out`` and ``--publish`` paths."""
+    p = OneLineParser(prog="python -m sae.compare",
+                      description="Train every combination of a sweep file through sae.run "
+                                  "(skipping finished runs, resuming interrupted ones), analyse "
+                                  "them, and write results.csv, comparison.md, comparison.html "
+                                  "and plots.")
+    p.add_argument("sweep", type=path_arg,
+                   help="sweep file (YAML), e.g. experiments/quick.yaml")
+    p.add_argument("--out", type=path_arg, default=None,
+                   help="sweep folder (default: sweeps/<file stem>)")
+    p.add_argument("--jobs", default="1", help="runs trained at the same time (default: 1)")
+    p.add_argument("--engine", choices=("workers", "processes"), default="workers",
+                   help="workers: single-process runs train in one long-lived process per job "
+                        "slot (torch and the data loaded once); processes: every run is its own "
+                        "`python -m sae.run` process (default: workers)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the file and show what would run; train nothing, write nothing")
+    p.add_argument("--publish", type=path_arg, default=None, metavar="DIR",
+                   help="also copy the tables, plots, comparison.html and sweep.yaml (no run "
+                        "folders) to DIR, e.g. figures/compare/mnist")
+    args = p.parse_args(argv)
+    if not args.jobs.isdigit() or int(args.jobs) < 1:
+        raise UsageError(f"--jobs must be an integer >= 1, got {args.jobs!r}")
+    args.jobs = int(args.jobs)
+    args.out = Path(args.out) if args.out else Path("sweeps") / Path(args.sweep).stem
+    args.publish = Path(args.publish) if args.publish else None
+    return args
+
+
+PUBLISHED = ("sweep.yaml", "results.csv", "comparison.md", "comparison.html", *FIGURE_FILES)
+PUBLISH_MARKER = ".sae-publication"  # in every folder --publish made: it may be refreshed
+
+
+def check_publish_dir(folder: Path) -> None:
+    """A --publish folder may be new, empty, or an earlier publication (the marker and only
+    PUBLISHED files): anything else in it is the user's, and is never overwritten."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--publish {folder} exists and is not a folder")
+    if not folder.is_dir():
+        return
+    entries = {p.name for p in folder.iterdir()}
+    other = sorted(entries - {*PUBLISHED, PUBLISH_MARKER})
+    if other:
+        raise UsageError(f"--publish {folder} holds files that are not a sweep's outputs "
+                         f"({other[0]}, ...); choose an empty or new folder")
+    if entries and PUBLISH_MARKER not in entries:
+        raise UsageError(f"--publish {folder} was not made by --publish (no {PUBLISH_MARKER}); "
+                         "its files are left alone: choose an empty or new folder")
+    link = find_link(folder)
+    if link is not None:
+        raise UsageError(f"--publish {folder}: {link} is a link; refusing to write there")
+
+
+def check_sweep_dir(folder: Path) -> None:
+    """Refuse a sweep folder with a link anywhere inside: its runs, logs and tables would be
+    written through it, outside the folder."""
+    if folder.is_dir():
+        link = find_link(folder)
+        if link is not None:
+            raise UsageError(f"refusing sweep folder {folder}: {link} is a link (a sweep folder "
+                             "holds no links; remove it)")
+
+
+def publish(sweep_dir: Path, folder: Path, sweep: Sweep | None = None,
+            runs: list[Run] | None = None) -> list[Path]:
+    """Copy the sweep's outputs (not its runs) to folder; returns the copies.
+
+    With the sweep and its runs, the comparison pages are rendered again for ``folder``, so
+    that they link only what exists there (no run reports; the gallery and the other data set's
+    page where they lie beside it).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / PUBLISH_MARKER, "made by python -m sae.compare --publish\n")
+    copies = []
+    for name in PUBLISHED:
+        if (sweep_dir / name).is_file():
+            copies.append(copy_file(sweep_dir / name, folder / name))
+        elif name in FIGURE_FILES:  # a figure the sweep no longer draws (its data lacks it)
+            (folder / name).unlink(missing_ok=True)
+    if sweep is not None and runs is not None and (sweep_dir / "results.csv").is_file():
+        publish_page(sweep_dir, sweep, runs, folder)
+    relink_publications(folder)
+    relink_gallery(folder)
+    return copies
+
+
+def relink_gallery(folder: Path) -> list[Path]:
+    """Bring the comparisons line of the figure gallery beside the publications
+    (``folder``/../../gallery, made by ``python -m sae.gallery``) up to date, so that it links
+    every comparison published, this one too (:func:`sae.pages.gallery.relink`). A folder without
+    a gallery page, or holding a link, is left alone; returns the files rewritten."""
+    from sae.pages import gallery
+
+    out = folder.parent.parent / "gallery"
+    if not (out / "index.html").is_file() or find_link(out) is not None:
+        return []
+    return gallery.relink(out)
+
+
+def _page_datasets(folder: Path) -> list[str]:
+    """The datasets named by a publication's sweep.yaml (none for a sweep on a data file)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(read_text(folder / "sweep.yaml"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
+    names = data.get("datasets") if isinstance(data, dict) else None
+    names = [names] if isinstance(names, str) else names
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def relink_publications(folder: Path) -> list[Path]:
+    """Bring the "See also" line of every other publication beside ``folder`` up to date, so
+    that a page published earlier links the one just published (:func:`relink_page`). Only
+    folders that ``--publish`` made (the marker) and that hold no link are touched; returns the
+    files rewritten."""
+    written = []
+    here = folder.resolve()
+    for other in sorted(p for p in folder.parent.iterdir() if p.is_dir()):
+        if other.resolve() == here or not (other / PUBLISH_MARKER).is_file() or \
+                find_link(other) is not None:
+            continue
+        written += relink_page(other, _page_datasets(other))
+    return written
+
+
+def dry_run(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> None:
+    """Say what each run would do (its state and sae.run command); touch nothing."""
+    states = {}
+    for run in runs:
+        state = run_state(sweep_dir / run.rel)
+        states[state] = states.get(state, 0) + 1
+        command = train_command(run, sweep_dir / run.rel, state)[1:]
+        say(f"{state:<8} {run.rel}" + ("" if state == "done" else
+                                        f"  $ python {' '.join(command)}"))
+    counts = ", ".join(f"{n} {s}" for s, n in states.items())
+    say(f"{len(runs)} runs ({counts}); nothing was trained (--dry-run)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        args = parse_args(argv)
+        sweep = load_sweep(args.sweep)
+        runs = plan(sweep)
+        gpus = visible_gpus() if any(uses_gpu(r) for r in runs) else []
+        check_sweep_dir(args.out)
+        check_folders(args.out, runs, args.jobs, gpus)
+        check_sweep_data(args.out, runs)  # every data file, and the one each run trained on
+        if args.publish is not None:
+            check_publish_dir(args.publish)
+        if args.dry_run:
+            dry_run(args.out, runs, say)
+            return 0
+        args.out.mkdir(parents=True, exist_ok=True)
+        held = lock(args.out)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    signal.signal(signal.SIGTERM, raise_terminated)  # stop the trainings as Ctrl-C does
+    with held:
+        write_text(args.out / "sweep.yaml", sweep.text)
+        threads = max(1, total_threads() // args.jobs)
+        say(f"sweep {sweep.path.name}: {len(runs)} runs → {args.out} "
+            f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
+        data = DataCache()  # the splits this process loads, shared by the analysis and tables
+        try:
+            analyses, failed = run_sweep(
+                args.out, runs, args.jobs, gpus, say, workers=args.engine == "workers",
+                data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data))
+        except STOPS as e:
+            return interrupted(e, f"run the same command again to continue ({args.out})")
+        failed += report_damaged(args.out, runs, say)
+        try:
+            written = write_outputs(args.out, sweep, runs, analyses, data)
+            say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
+                f" in {args.out}")
+            if args.publish is not None:
+                copies = publish(args.out, args.publish, sweep, runs)
+                say(f"published {len(copies)} files to {args.publish}")
+        except STOPS as e:  # each file is written atomically: none is half-made
+            print(f"{stop_word(e)} while writing the tables; run the same command again to "
+                  f"write them ({args.out})", file=sys.stderr)
+            return stop_code(e)
+    if failed:
+        print(f"error: {failed} of {len(runs)} runs failed; see their logs in {args.out / 'logs'}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def report_damaged(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> int:
+    """Say which finished runs have a damaged ``metrics.json`` (left out of the tables); returns
+    how many. Not retrained: the file is the run's own record, and a changed record is the
+    user's to judge (deleting it makes the next sweep train the run again)."""
+    from sae.sweep.analysis import run_metrics
+
+    damaged = [r for r in runs if run_state(sweep_dir / r.rel) == "done"
+               and run_metrics(sweep_dir / r.rel) is None]
+    for run in damaged:
+        say(f"warning: {run.rel}: metrics.json is damaged; left out of the tables (delete "
+            f"{sweep_dir / run.rel / 'metrics.json'} to train the run again)")
+    return len(damaged)
+
+
+def as_command() -> None:
+    """Run as ``python -m sae.compare``: exit with :func:`main`'s code."""
+    sys.exit(main())

@@ -1,0 +1,518 @@
+"""Checkpoint files: written atomically with a checksum, read without running code from them.
+
+A checkpoint is untrusted input (a run folder can come from anywhere), so reading one is a
+sequence of checks, each refusing with a one-line :class:`CheckpointError` before the next step
+can cost anything:
+
+1. **The archive.** Every ``torch.save`` since PyTorch 1.6 is a zip archive of *stored*
+   (uncompressed) entries. The zip's central directory is read first: a compressed entry (torch
+   never writes one; a deflated "zip bomb" of a few MB would unpack to GBs), more than
+   :data:`MAX_ENTRIES` entries, or entries larger than :data:`MAX_BYTES` in all are refused
+   before ``torch.load``.
+2. **Safe loading.** ``torch.load(..., weights_only=True)`` builds only tensors and plain
+   containers and refuses anything else: a pickle cannot run code. Lightning's own resume path
+   reads through :class:`SafeCheckpointIO` too.
+3. **Bounded content.** Plain values only (dict, list, tuple, str, int, float, bool, None,
+   tensors), nested at most :data:`MAX_DEPTH` deep, at most :data:`MAX_ITEMS` values and
+   :data:`MAX_ELEMENTS` tensor elements in all (a stride-0 tensor of 10¹² elements costs a few
+   bytes on disk but would cost terabytes once copied).
+4. **The checksum** (``sae_checksum``) is required and covers everything: the SHA-256 of a
+   canonical serialisation (:func:`checksum`) in which every tensor is replaced by the hash of
+   its dtype, shape and bytes, and every other value (settings, data variance, optimiser
+   hyper-parameters, epoch, step, callback states) is written as sorted, typed JSON. A
+   checkpoint of an earlier version, whose checksum covers its tensors only, is refused unless
+   ``SAE_LEGACY_CHECKPOINTS=1`` is set (its tensors are then verified as before).
+5. **The schema.** ``epoch`` and ``global_step`` are integers >= 0; ``hyper_parameters`` holds
+   valid model settings (the same checks as the command line) and a finite, positive data
+   variance; ``state_dict`` holds exactly the tensors of that model, with their shapes and
+   dtypes taken from the model itself, built on PyTorch's ``meta`` device (no memory), and of
+   at most :data:`MAX_ELEMENTS` elements (so a huge ``hidden`` is refused before anything is
+   allocated; floating-point weights may be of any width, as ``--precision`` makes them); every
+   weight is finite.
+
+:func:`check_compatible` adds what resuming needs: the same model as the run, and optimiser,
+scheduler, loop and callback states of the shapes Lightning restores (so a crafted checkpoint
+fails there, before the run folder changes, not inside Lightning after its logs exist).
+
+Writes go to a temporary file in the checkpoint's own folder, are flushed to disk (``fsync``) and
+renamed over the old file, so a crash, a kill or a full disk leaves either the old checkpoint or
+the new one, never half of one (a rename within one filesystem is atomic; a temporary file in
+another folder, e.g. /tmp on another disk, would make the final step a copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from sae.models import SparseAutoencoder, build_model
+from sae.settings.config import SAEConfig
+from sae.system.io import write_bytes
+
+__all__ = ["CheckpointError", "LEGACY_ENV", "MAX_BYTES", "MAX_DEPTH", "MAX_ELEMENTS",
+           "SafeCheckpointIO", "check_compatible", "checksum", "load_checkpoint",
+           "model_from_checkpoint", "read_checkpoint", "tensors_checksum", "write_checkpoint"]
+
+CHECKSUM_KEY = "sae_checksum"
+CHECKSUM_PREFIX = "v2:"  # a checksum over everything; plain hex: an earlier version's
+LEGACY_ENV = "SAE_LEGACY_CHECKPOINTS"  # "1": accept a tensors-only checksum of an earlier version
+MAX_BYTES = 4 * 2**30  # the archive's entries, uncompressed, in all
+MAX_ENTRIES = 10_000
+MAX_ELEMENTS = 2**29  # tensor elements in all (2 GiB of float32)
+MAX_DEPTH = 32
+MAX_ITEMS = 1_000_000  # plain values (keys, numbers, strings) in all
+_PLAIN = (str, int, float, bool, type(None))
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be read safely, is damaged, or belongs to another model."""
+
+
+# ---------------------------------------------------------------- checksums
+
+
+def _tensors(obj, prefix: str = ""):
+    """(path, tensor) for every tensor inside nested dicts / lists, in a fixed order."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            if key != CHECKSUM_KEY:
+                yield from _tensors(obj[key], f"{prefix}/{key}")
+    elif isinstance(obj, list | tuple):
+        for i, item in enumerate(obj):
+            yield from _tensors(item, f"{prefix}/{i}")
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().cpu().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def tensors_checksum(checkpoint: dict) -> str:
+    """SHA-256 over the names, dtypes, shapes and bytes of every tensor in ``checkpoint`` (the
+    checksum of earlier versions, which :func:`checksum` replaces)."""
+    digest = hashlib.sha256()
+    for name, t in _tensors(checkpoint):
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(_tensor_bytes(t))
+    return digest.hexdigest()
+
+
+def _canonical(obj):
+    """A JSON-ready value that names every type: equal iff ``obj`` is equal, type for type."""
+    if isinstance(obj, torch.Tensor):
+        return {"tensor": [str(obj.dtype), list(obj.shape),
+                           hashlib.sha256(_tensor_bytes(obj)).hexdigest()]}
+    if isinstance(obj, dict):
+        items = [[_canonical(k), _canonical(v)] for k, v in obj.items() if k != CHECKSUM_KEY]
+        return {"dict": sorted(items, key=lambda kv: json.dumps(kv[0], sort_keys=True))}
+    if isinstance(obj, list | tuple):
+        return {"list" if isinstance(obj, list) else "tuple": [_canonical(v) for v in obj]}
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return {"int": int.__repr__(obj)}
+    if isinstance(obj, float):
+        return {"float": float.__repr__(obj)}  # exact, NaN and ±inf included
+    return {type(obj).__name__: repr(obj)}  # not loadable anyway: refused on reading
+
+
+def checksum(checkpoint: dict) -> str:
+    """The checksum of everything in ``checkpoint`` but the checksum itself.
+
+    SHA-256 of sorted-key JSON of :func:`_canonical`: tensors as (dtype, shape, SHA-256 of the
+    bytes), other values with their type, mappings sorted by key.
+    """
+    text = json.dumps(_canonical(checkpoint), sort_keys=True, ensure_ascii=True,
+                      separators=(",", ":"))
+    return CHECKSUM_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_checkpoint(checkpoint: dict, path: str | Path) -> None:
+    """Save atomically in ``path``'s folder, with its checksum; no temp file left."""
+    checkpoint = {**checkpoint, CHECKSUM_KEY: checksum(checkpoint)}
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    try:
+        write_bytes(path, buffer.getvalue())
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}; the previous "
+                              "checkpoint is kept") from None
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _check_archive(path: Path) -> None:
+    """Refuse, from the zip's central directory alone, what would cost memory to load."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        raise CheckpointError(f"checkpoint {path} cannot be read (damaged or not a "
+                              "checkpoint)") from None
+    if len(entries) > MAX_ENTRIES:
+        raise CheckpointError(f"refusing checkpoint {path}: {len(entries)} archive entries "
+                              f"(at most {MAX_ENTRIES})")
+    if any(e.compress_type != zipfile.ZIP_STORED for e in entries):
+        raise CheckpointError(f"refusing checkpoint {path}: it holds compressed entries, which "
+                              "torch.save never writes")
+    total = sum(e.file_size for e in entries)
+    if total > MAX_BYTES:
+        raise CheckpointError(f"refusing checkpoint {path}: {total / 2**30:.1f} GiB "
+                              f"uncompressed (at most {MAX_BYTES / 2**30:.0f} GiB)")
+
+
+def _check_values(state, path: Path) -> None:
+    """Plain values only, bounded in depth, count and tensor elements (no recursion)."""
+    stack, items, elements = [(state, 0)], 0, 0
+    while stack:
+        obj, depth = stack.pop()
+        items += 1
+        if depth > MAX_DEPTH or items > MAX_ITEMS:
+            raise CheckpointError(f"refusing checkpoint {path}: nested deeper than {MAX_DEPTH} "
+                                  f"levels or more than {MAX_ITEMS} values")
+        if isinstance(obj, torch.Tensor):
+            elements += obj.numel()
+            if elements > MAX_ELEMENTS:
+                raise CheckpointError(f"refusing checkpoint {path}: its tensors hold more than "
+                                      f"{MAX_ELEMENTS} elements")
+        elif isinstance(obj, dict):
+            stack.extend((k, depth + 1) for k in obj)
+            stack.extend((v, depth + 1) for v in obj.values())
+        elif isinstance(obj, list | tuple):
+            stack.extend((v, depth + 1) for v in obj)
+        elif not isinstance(obj, _PLAIN):
+            raise CheckpointError(f"refusing checkpoint {path}: it holds a value of type "
+                                  f"{type(obj).__name__}")
+
+
+def _check_checksum(state: dict, path: Path) -> None:
+    saved = state.get(CHECKSUM_KEY)
+    if saved is None:
+        raise CheckpointError(f"refusing checkpoint {path}: it has no checksum ({CHECKSUM_KEY}), "
+                              "so damage or changes cannot be detected")
+    if not isinstance(saved, str):
+        raise CheckpointError(f"refusing checkpoint {path}: its checksum is not text")
+    if saved.startswith(CHECKSUM_PREFIX):
+        if saved != checksum(state):
+            raise CheckpointError(f"checkpoint {path} is damaged or was changed (its content "
+                                  "does not match its checksum)")
+        return
+    if os.environ.get(LEGACY_ENV) != "1":
+        raise CheckpointError(f"refusing checkpoint {path}: it was written by an earlier version "
+                              "whose checksum covers its tensors only (set "
+                              f"{LEGACY_ENV}=1 to accept it)")
+    if saved != tensors_checksum(state):
+        raise CheckpointError(f"checkpoint {path} is damaged (its tensors do not match their "
+                              "checksum)")
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def expected_state(config: dict, path: str | Path) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` (on the meta device: shapes and dtypes, no memory) of the model that
+    ``config`` (a checkpoint's saved settings) describes; CheckpointError when those settings
+    are invalid or the model would exceed :data:`MAX_ELEMENTS`."""
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise CheckpointError(f"checkpoint {path} has no model settings; not made by this tool")
+    try:
+        settings = SAEConfig.from_dict(config)
+        if isinstance(settings.input_dim, bool) or not isinstance(settings.input_dim, int):
+            raise ValueError(f"input_dim must be an integer, got {settings.input_dim!r:.40}")
+        settings.validate()
+    except (TypeError, ValueError) as e:
+        reason = " ".join(str(e).split())[:160]
+        raise CheckpointError(f"checkpoint {path} has invalid model settings ({reason})") from None
+    width = settings.input_dim if settings.arch == "linear" else settings.mlp_width
+    rough = 2 * width * settings.hidden + 2 * width * settings.input_dim
+    if rough > MAX_ELEMENTS:  # before building even on meta: a 10^12-unit model is not built
+        raise CheckpointError(f"refusing checkpoint {path}: its model (hidden "
+                              f"{settings.hidden}) would hold more than {MAX_ELEMENTS} weights")
+    try:
+        with torch.device("meta"):
+            model = build_model(settings, None, 1.0)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path} has model settings this version cannot "
+                              f"build ({' '.join(str(e).split())[:160]})") from None
+    return model.state_dict()
+
+
+def _check_schema(state: dict, path: Path) -> None:
+    for key in ("epoch", "global_step"):
+        if key in state and not _count(state[key]):
+            raise CheckpointError(f"checkpoint {path}: {key} must be an integer >= 0, got "
+                                  f"{str(state[key])[:40]!r}")
+    hp, weights = state.get("hyper_parameters"), state.get("state_dict")
+    if not isinstance(weights, dict) or not isinstance(hp, dict):
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this tool (no "
+                              "state_dict or hyper_parameters mapping)")
+    var = hp.get("data_var")
+    if isinstance(var, bool) or not isinstance(var, int | float) or not math.isfinite(var) \
+            or var <= 0:
+        raise CheckpointError(f"checkpoint {path} has an invalid data variance")
+    expected = expected_state(hp.get("config"), path)
+    missing = [k for k in expected if k not in weights]
+    extra = [str(k) for k in weights if k not in expected]
+    if missing or extra:
+        what = f"lacks {', '.join(missing[:3])}" if missing else \
+            f"has unknown {', '.join(extra[:3])[:120]}"
+        raise CheckpointError(f"checkpoint {path} does not fit its model: its state_dict {what}")
+    for name, want in expected.items():
+        got = weights[name]
+        # floating weights may be of any width (--precision bf16-true, 16-true, 64-true)
+        fits = isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape) and (
+            got.dtype == want.dtype or (got.is_floating_point() and want.is_floating_point()))
+        if not fits:
+            shown = (f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor)
+                     else type(got).__name__)
+            raise CheckpointError(f"checkpoint {path} does not fit its model: {name} is "
+                                  f"{shown}, expected {tuple(want.shape)} {want.dtype}")
+
+
+def read_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """Load a checkpoint safely (tensors and plain data only) and check it (module docstring).
+
+    Raises :class:`CheckpointError` with a one-line reason for a missing, unreadable, unsafe,
+    oversized, damaged, changed, malformed or non-finite checkpoint.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a file")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    _check_archive(path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "unpickling failed"
+        unsafe = "weights_only" in str(e) or "Unsupported global" in str(e)
+        reason = ("it holds objects other than tensors and plain data, which could run code "
+                  "when loaded" if unsafe else first)
+        raise CheckpointError(f"refusing checkpoint {path}: {reason[:200]}") from None
+    except RecursionError:
+        raise CheckpointError(f"refusing checkpoint {path}: nested too deeply") from None
+    except MemoryError:
+        raise CheckpointError(f"refusing checkpoint {path}: too large to load") from None
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile, KeyError,
+            AttributeError, IndexError, TypeError, UnicodeDecodeError) as e:
+        reason = " ".join(str(e).split())[:160] or type(e).__name__
+        raise CheckpointError(f"checkpoint {path} cannot be read (damaged or not a checkpoint: "
+                              f"{reason})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this tool")
+    _check_values(state, path)
+    _check_checksum(state, path)
+    _check_schema(state, path)
+    for name, t in _tensors(state["state_dict"]):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"checkpoint {path} holds non-finite weights ({name[1:]})")
+    return state
+
+
+# ---------------------------------------------------------------- resuming
+
+
+def _scalar(value) -> bool:
+    return value is None or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
+def _check_optimizer(state: dict, config: dict, path) -> None:
+    """Adam's state as Lightning restores it: one optimizer over the model's parameters."""
+    with torch.device("meta"):
+        model = build_model(SAEConfig.from_dict(config), None, 1.0)
+    shapes = [tuple(p.shape) for g in model.param_groups() for p in g["params"]]
+    bad = CheckpointError(f"checkpoint {path} has optimizer states that do not fit its model")
+    optimizers = state.get("optimizer_states", [])
+    if not isinstance(optimizers, list) or len(optimizers) > 1:
+        raise bad
+    for opt in optimizers:
+        if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) or \
+                not isinstance(opt.get("param_groups"), list):
+            raise bad
+        groups = opt["param_groups"]
+        if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+            raise bad
+        ids = [i for g in groups for i in g["params"]]
+        if not all(_count(i) for i in ids) or sorted(ids) != list(range(len(shapes))):
+            raise bad
+        for group in opt["param_groups"]:
+            for key, value in group.items():
+                if key != "params" and isinstance(value, float) and not math.isfinite(value):
+                    raise bad
+        for i, entry in opt["state"].items():
+            if not _count(i) or i >= len(shapes) or not isinstance(entry, dict):
+                raise bad
+            for value in entry.values():
+                if isinstance(value, torch.Tensor) and value.numel() != 1 and \
+                        tuple(value.shape) != shapes[i]:
+                    raise bad
+    schedulers = state.get("lr_schedulers", [])
+    if not isinstance(schedulers, list) or not all(isinstance(s, dict) for s in schedulers):
+        raise CheckpointError(f"checkpoint {path} has malformed scheduler states")
+
+
+def _like(value, reference, where: str, path) -> None:
+    """``value`` has at least ``reference``'s keys, and integers where it has integers."""
+    if isinstance(reference, dict):
+        if not isinstance(value, dict):
+            raise CheckpointError(f"checkpoint {path} has a malformed training state ({where})")
+        for key, ref in reference.items():
+            if key in value:
+                _like(value[key], ref, f"{where}.{key}", path)
+            elif isinstance(ref, dict) and ref:
+                raise CheckpointError(f"checkpoint {path} has a malformed training state "
+                                      f"({where}.{key} is missing)")
+    elif isinstance(reference, bool):
+        if not isinstance(value, bool):
+            raise CheckpointError(f"checkpoint {path} has a malformed training state ({where})")
+    elif isinstance(reference, int) and not _count(value):
+        raise CheckpointError(f"checkpoint {path} has a malformed training state ({where})")
+
+
+def _loop_reference() -> dict | None:
+    """The loop states of a fresh Lightning Trainer (the shape it restores), or None where no
+    plain CPU trainer can be made (a DDP worker's environment)."""
+    import logging
+
+    import lightning.pytorch as L
+
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:  # a reference trainer, not a run: no banners
+        lg.setLevel(logging.WARNING)
+    try:
+        trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, accelerator="cpu", devices=1)
+        return {name: getattr(trainer, name).state_dict() for name in
+                ("fit_loop", "validate_loop", "test_loop", "predict_loop")}
+    except Exception:  # noqa: BLE001 (any failure: fall back to the generic check)
+        return None
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _check_loops(state: dict, path) -> None:
+    """The loop states: those of a fresh Trainer, counters that are integers >= 0."""
+    if "loops" not in state:
+        return
+    reference = _loop_reference()
+    if reference is not None:
+        _like(state["loops"], reference, "loops", path)
+    stack = [state["loops"]]
+    while stack:  # every counter, whatever the reference knows, is a plain value
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif not (value is None or isinstance(value, bool) or _count(value)):
+            raise CheckpointError(f"checkpoint {path} has a malformed training state")
+
+
+def _check_callbacks(state: dict, path) -> None:
+    callbacks = state.get("callbacks", {})
+    bad = CheckpointError(f"checkpoint {path} has malformed callback states")
+    if not isinstance(callbacks, dict) or not all(isinstance(v, dict) for v in callbacks.values()):
+        raise bad
+    for name, value in callbacks.items():
+        if str(name).startswith("Timer"):
+            elapsed = value.get("time_elapsed", {})
+            if not isinstance(elapsed, dict) or not all(
+                    isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+                    and t >= 0 for t in elapsed.values()):
+                raise bad
+        elif str(name).startswith("ModelCheckpoint"):
+            for key in ("best_model_score", "current_score", "kth_value"):
+                if not _scalar(value.get(key)):
+                    raise bad
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path", "dirpath"):
+                if not isinstance(value.get(key, ""), str | type(None)):
+                    raise bad
+            if "best_model_path" not in value or not isinstance(value.get("best_k_models", {}),
+                                                                dict):
+                raise bad
+            if not all(isinstance(k, str) and _scalar(v)
+                       for k, v in value.get("best_k_models", {}).items()):
+                raise bad
+
+
+def check_compatible(state: dict, config: dict, path: str | Path) -> None:
+    """Refuse a checkpoint (already read by :func:`read_checkpoint`) that this run cannot resume:
+    another model (model, sizes, architecture), or optimiser, scheduler, loop or callback
+    states that Lightning could not restore."""
+    saved = (state.get("hyper_parameters") or {}).get("config")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {path} has no model settings; not made by this tool")
+    for key in ("model", "hidden", "input_dim", "arch", "groups", "mlp_width"):
+        if key in config and saved.get(key) != config[key]:
+            raise CheckpointError(f"checkpoint {path} is of another model ({key} "
+                                  f"{str(saved.get(key))[:40]!r}, this run has "
+                                  f"{config[key]!r})")
+    var = (state.get("hyper_parameters") or {}).get("data_var")
+    if not isinstance(var, int | float) or not math.isfinite(var) or var <= 0:
+        raise CheckpointError(f"checkpoint {path} has an invalid data variance")
+    _check_optimizer(state, saved, path)
+    _check_loops(state, path)
+    _check_callbacks(state, path)
+    seconds = state.get("train_seconds", 0.0)  # an earlier version's training time
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or \
+            not math.isfinite(seconds) or seconds < 0:
+        raise CheckpointError(f"checkpoint {path} has an invalid training time")
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint I/O with :func:`write_checkpoint` and :func:`read_checkpoint`.
+
+    ``preloaded=(path, state)``: a checkpoint already read (and checked) before training; the
+    first load of that path returns it instead of reading the file a second time.
+    """
+
+    def __init__(self, preloaded: tuple[str | Path, dict] | None = None) -> None:
+        super().__init__()
+        self._preloaded = preloaded
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        write_checkpoint(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        if self._preloaded is not None and Path(self._preloaded[0]).resolve() == \
+                Path(path).resolve():
+            state, self._preloaded = self._preloaded[1], None
+            return state
+        return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+# ---------------------------------------------------------------- the model of a checkpoint
+
+
+def load_checkpoint(path: str | Path,
+                    map_location: str | torch.device = "cpu") -> SparseAutoencoder:
+    """Rebuild a trained SAE, in eval mode, from a checkpoint written by ``python -m sae.run``.
+
+    The file is untrusted: it is read with :func:`read_checkpoint` (tensors and plain
+    data only, checksum verified; CheckpointError otherwise). Reads its ``hyper_parameters``
+    ({"config": {...}, "data_var": v}) and ``state_dict``; keys a newer config does not know
+    are ignored, missing ones take defaults.
+    """
+    return model_from_checkpoint(read_checkpoint(path, map_location=map_location))
+
+
+def model_from_checkpoint(state: dict) -> SparseAutoencoder:
+    """The SAE, in eval mode, of a checkpoint already read with ``read_checkpoint`` (callers
+    that also want its step or epoch read the file once)."""
+    hp = state["hyper_parameters"]
+    model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
+    model.load_state_dict(state["state_dict"])
+    return model.eval()
