@@ -266,7 +266,8 @@ class EpochShuffle(Sampler):
     Mid-epoch resumes: :meth:`state_dict` holds the epoch and how many rows of its order were
     served; after :meth:`load_state_dict` the next iteration serves the rest of that order, so a
     run stopped after any training step goes on with the very batches it would have seen
-    (``sae.training.callbacks.EpochSeed`` sets it from the checkpoint). The order is drawn when the first
+    (``sae.training.callbacks.EpochSeed`` sets it from the checkpoint). The order is drawn when the
+    first
     row is asked for, so the position may be set after the iterator was made.
     """
 

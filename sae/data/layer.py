@@ -240,8 +240,8 @@ def _dump(args, argv: list[str] | None, state: dict) -> int:
     import torch
 
     from sae.data.images import DataSourceError, load_arrays, to_float
-    from sae.system.io import write_bytes, write_text
     from sae.data.matrix import FORMAT
+    from sae.system.io import write_bytes, write_text
 
     try:
         arrays = load_arrays(args.dataset, args.data_dir)

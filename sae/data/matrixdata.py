@@ -1,6 +1,7 @@
 """Activation matrices (``--data``, :mod:`sae.data.matrix`) as a run's data module.
 
-:class:`MatrixDataModule` has the interface of :class:`sae.data.images.ImageDataModule` (``train_x``,
+:class:`MatrixDataModule` has the interface of :class:`sae.data.images.ImageDataModule`
+(``train_x``,
 ``val_x``, ``test_x`` and their labels, ``train_mean``, ``train_pca``, ``class_names``, the three
 loaders), with the same split conventions: the validation rows are carved from the training
 split with the fixed ``split_seed``, ``limit_train`` keeps the first rows of the rest, and a data
@@ -160,7 +161,8 @@ def _tensor(block: np.ndarray) -> torch.Tensor:
 
 
 class BlockShuffle(EpochShuffle):
-    """:class:`sae.data.images.EpochShuffle` whose epoch order keeps runs of ``block`` consecutive rows
+    """:class:`sae.data.images.EpochShuffle` whose epoch order keeps runs of ``block`` consecutive
+    rows
     together: the blocks are shuffled, then the rows within each block (see the module
     docstring for why)."""
 
@@ -313,7 +315,8 @@ def train_moments(dm) -> tuple[torch.Tensor, float]:
 
 def data_module(settings: dict, **extra):
     """The data module of a run's flat settings (``{field name: value}``, as
-    :meth:`sae.settings.config.RunConfig.settings` or a ``config.yaml`` gives them): the activation matrix
+    :meth:`sae.settings.config.RunConfig.settings` or a ``config.yaml`` gives them): the activation
+    matrix
     of ``data`` when given, else the image dataset (``dataset``, ``data_dir``); split settings as
     the run has them, ``extra`` passed on (batch_size, shuffle_seed)."""
     from sae.data.images import ImageDataModule

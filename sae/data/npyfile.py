@@ -4,7 +4,8 @@ A ``.npy`` file names its own shape and dtype in a header; ``numpy.load`` believ
 header that claims (2**62, 2**62) costs numpy warnings and a MemoryError, and a file cut short
 is found only once the data is read. Here the header is read from the opened file (a regular
 file only: never a FIFO, a device or a folder, which would block or never end; see
-:func:`sae.system.io.open_regular`), parsed without unpickling anything, and its promise (shape x item
+:func:`sae.system.io.open_regular`), parsed without unpickling anything, and its promise (shape x
+item
 size, in Python integers) is checked against the size of that same open file before anything is
 allocated or mapped. :func:`read_array` then reads a small array (labels, indices) whole from
 that file, up to a bound the caller gives; :func:`map_array` memory-maps a large one from it.

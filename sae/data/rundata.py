@@ -4,7 +4,8 @@ For ``--data`` runs :func:`check_data` reads and checks every file of the activa
 (:mod:`sae.data.matrix`: a missing file, wrong rank, a dtype that is not a float, NaN or inf rows,
 labels of the wrong length) and, on ``--resume``, compares it with the record the run folder
 holds: a file with another D, or the same D and other bytes (SHA-256), is refused, so that no run
-mixes two data sets. Each failure is one :class:`sae.settings.setting.UsageError` line (exit 2) before the
+mixes two data sets. Each failure is one :class:`sae.settings.setting.UsageError` line (exit 2)
+before the
 run folder is touched. :func:`write_record` writes the record when a fresh run starts.
 
 Pages built later from a run say whether its data changed since (:func:`changed_data`, by the

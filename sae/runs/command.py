@@ -1,12 +1,14 @@
 """python -m sae.run: train one SAE and write its run folder.
 
     python -m sae.run --model sparsemax --lambda 0.01
-    python -m sae.run --data acts.npy --model sparsemax --lambda 0.01   (activations, sae.data.matrix)
+    python -m sae.run --data acts.npy --model sparsemax --lambda 0.01   (activations,
+        sae.data.matrix)
 
 Run folder::
 
     config.yaml          resolved settings (re-usable with --config)
-    data.json            with --data: each matrix's path, shape, dtype and SHA-256 (sae.data.rundata)
+    data.json            with --data: each matrix's path, shape, dtype and SHA-256
+        (sae.data.rundata)
     metrics.csv          per-step training and per-epoch validation metrics (all sessions)
     logs/session_<n>/    each session's own metrics.csv (the first run, then each --resume)
     metrics.json         final test-set metrics (written when training completes)
@@ -16,7 +18,8 @@ Run folder::
     report.html          self-contained report
 
 Settings are layered: defaults < --config FILE < (on --resume) the run's config.yaml < flags
-(:mod:`sae.settings.cli`). Every value is checked before any work starts; bad input is one line on stderr
+(:mod:`sae.settings.cli`). Every value is checked before any work starts; bad input is one line on
+stderr
 and exit code 2. Exit codes: 0 done, 1 training failed (non-finite loss, disk full), 2 bad input,
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
@@ -88,7 +91,8 @@ def check_devices(config: RunConfig, on_stop=None) -> None:
 
 
 # set when a stop left nothing to write (before the claim, or a start undone): the command-line
-# process then ends at once (sae.system.process.exit_now) instead of tearing torch and Lightning down,
+# process then ends at once (sae.system.process.exit_now) instead of tearing torch and Lightning
+# down,
 # which takes a second or more
 QUICK_EXIT = False
 
@@ -128,10 +132,9 @@ def _import_training() -> None:
     """Import torch, Lightning and the training modules (seconds; see :func:`_importing`)."""
     import lightning.pytorch.loggers  # noqa: F401
 
-    import sae.training.checkpoints
     import sae.data.images
-    import sae.training.evaluate
     import sae.models
+    import sae.training.checkpoints
     import sae.training.engine  # noqa: F401
 
 
@@ -231,9 +234,9 @@ def _written_by(e: BaseException, function) -> bool:
 
 
 def _train(config: RunConfig, out: Path, created: bool, primary: bool, say) -> int:
-    from sae.training.checkpoints import CheckpointError, write_checkpoint
     from sae.data.images import DataSourceError
     from sae.models import NonFiniteLossError
+    from sae.training.checkpoints import CheckpointError, write_checkpoint
     from sae.training.engine import TrainingSetupError, train
 
     try:
