@@ -39,11 +39,13 @@ import lightning.pytorch as L
 import torch
 
 from sae.data.images import ImageDataModule
-from sae.models import MODELS, SAEConfig, build_model, training_callbacks
-from sae.models.guards import NonFiniteLossGuard
+from sae.models import MODELS, SAEConfig, build_model
+from sae.models.losses import fvu_term
 from sae.settings.config import TrainConfig
 from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
 from sae.training.engine import quiet_lightning
+from sae.training.guards import NonFiniteLossGuard, training_callbacks
+from sae.training.module import SAETraining
 
 
 class EpochTimer(L.Callback):
@@ -77,7 +79,8 @@ class StepTimer(L.Callback):
 def make_model(dm: ImageDataModule, name: str, hidden: int, **settings):
     torch.manual_seed(0)
     data_var = float((dm.train_x - dm.train_mean).pow(2).sum(-1).mean())
-    return build_model(SAEConfig(model=name, hidden=hidden, **settings), dm.train_mean, data_var)
+    return SAETraining(build_model(SAEConfig(model=name, hidden=hidden, **settings),
+                                   dm.train_mean, data_var))
 
 
 def lightning_epochs(dm, name: str, hidden: int, epochs: int, callbacks=()) -> list[float]:
@@ -96,7 +99,8 @@ def lightning_epochs(dm, name: str, hidden: int, epochs: int, callbacks=()) -> l
 
 def bare_epochs(dm, name: str, hidden: int, epochs: int) -> list[float]:
     """The same model, loss, clipping, unit-norm constraint and data, in a plain loop."""
-    model = make_model(dm, name, hidden)
+    module = make_model(dm, name, hidden)
+    model = module.sae
     opt = torch.optim.Adam(model.parameters(), lr=model.config.lr)
     times = []
     for _ in range(epochs):
@@ -104,11 +108,11 @@ def bare_epochs(dm, name: str, hidden: int, epochs: int) -> list[float]:
         perm = torch.randperm(len(dm.train_x))
         for i in range(0, len(perm), dm.batch_size):
             x = dm.train_x[perm[i:i + dm.batch_size]]
-            x_hat, h, extras = model(x)
-            loss = model.recon_loss(x, x_hat) + model.config.lam * model.penalty(h, extras)
+            x_hat, h, extras = model.forward_pass(x)
+            loss = fvu_term(x, x_hat, model.data_var) + model.config.lam * model.penalty(h, extras)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            model.on_before_optimizer_step(opt)
+            module.on_before_optimizer_step(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             with torch.no_grad():
@@ -147,7 +151,8 @@ def trained_main(args, dm) -> None:
         for threads in args.thread_counts:
             torch.set_num_threads(threads)
             for run in args.trained:
-                model = model_from_checkpoint(read_checkpoint(Path(run) / "checkpoints/last.ckpt"))
+                model = SAETraining(model_from_checkpoint(
+                    read_checkpoint(Path(run) / "checkpoints/last.ckpt")))
                 label[run] = f"{model.config.model} (H={model.config.hidden})"
                 ms[run, threads].append(1e3 * step_seconds(
                     dm, "", 0, args.steps, args.warmup, args.dead_window, clock, model=model))

@@ -156,7 +156,7 @@ def bare_step_ms(name: str, x_all: torch.Tensor, mean: torch.Tensor, data_var: f
             break
         start = (i * BATCH) % (len(x_all) - BATCH)
         x = x_all[order[start:start + BATCH]]
-        x_hat, h, extras = model(x)
+        x_hat, h, extras = model.forward_pass(x)
         loss = torch.nn.functional.mse_loss(x_hat, x) + config.lam * model.penalty(h, extras)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -186,7 +186,9 @@ def lightning_step_ms(name: str, dm, mean: torch.Tensor, data_var: float, steps:
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
                         gradient_clip_val=1.0, callbacks=[timer])
-    trainer.fit(model, datamodule=dm)
+    from sae.training.module import SAETraining
+
+    trainer.fit(SAETraining(model), datamodule=dm)
     torch.cuda.synchronize()
     ev = timer.events[warm:]
     return statistics.median(a.elapsed_time(b) for a, b in zip(ev[:-1], ev[1:], strict=True))

@@ -35,6 +35,7 @@ from sae.data.matrixdata import MatrixDataModule, drop_cache, train_moments
 from sae.models import build_model
 from sae.settings.config import SAEConfig
 from sae.training.engine import quiet_lightning
+from sae.training.module import SAETraining
 
 WARMUP = 20
 
@@ -75,7 +76,7 @@ def time_steps(path: Path, in_memory: bool, config: SAEConfig, steps: int) -> li
     dm = MatrixDataModule(path, batch_size=256, val_size=1000, in_memory=in_memory)
     dm.setup()
     mean, var = train_moments(dm)
-    model = build_model(config, mean, var)
+    model = SAETraining(build_model(config, mean, var))
     if not in_memory:
         drop_cache(path)  # the reads of the run come from the disk
     clock = StepClock()

@@ -25,7 +25,7 @@ def test_the_published_mechanism_matches_its_equations():
     assert C.shape == (24, 10) and K.shape == (10, 10) and V.shape == (10, 10)
     model.eval()
     with torch.no_grad():
-        x_hat, h, _ = model(x)
+        x_hat, h, _ = model.forward_pass(x)
         for n in range(len(x)):
             norm = x[n].norm()
             s = (C @ K) @ (x[n] / norm)
@@ -43,11 +43,11 @@ def test_the_frequency_mask_keeps_frequent_units_out():
     model = attention(frequency_mask=0.1)
     model.train()
     x = torch.rand(64, 10, dtype=torch.float64)
-    model(x)
+    model.forward_pass(x)
     assert int(model.frequency_batches) == 1
     model.eval()
     with torch.no_grad():
-        h = model(x)[1]
+        h = model.forward_pass(x)[1]
     assert not h[:, model.firing_frequency > 0.1].any()  # masked units never fire
     # the running frequency is the mean over batches, every batch weighing the same
     off = attention(frequency_mask=0.0)
@@ -55,7 +55,7 @@ def test_the_frequency_mask_keeps_frequent_units_out():
     shares = []
     for i in range(3):
         batch = torch.rand(32, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
-        shares.append((off(batch)[1] > 0).double().mean(0))
+        shares.append((off.forward_pass(batch)[1] > 0).double().mean(0))
     assert torch.allclose(off.firing_frequency, torch.stack(shares).mean(0))
 
 
@@ -91,7 +91,7 @@ def test_a_shared_threshold_is_one_number_and_the_gain_scales_each_input():
     shared.eval()
     with torch.no_grad():
         a, _ = shared.pre_activations(x)
-        h = shared(x)[1]
+        h = shared.forward_pass(x)[1]
     assert torch.equal(h > 0, a > shared.thresholds())  # one threshold for every unit
     gained = jumprelu(jumprelu_threshold="shared", jumprelu_gain="input")
     with torch.no_grad():
@@ -99,7 +99,7 @@ def test_a_shared_threshold_is_one_number_and_the_gain_scales_each_input():
         a, centred = gained.pre_activations(x)
         r = F.softplus(gained.gain_head(centred))
         theta = gained.thresholds()
-        assert torch.allclose(gained(x)[1], r * a * (a > theta), atol=1e-12)
+        assert torch.allclose(gained.forward_pass(x)[1], r * a * (a > theta), atol=1e-12)
     # the gain starts at 1: the same code as without it
     fresh = jumprelu(jumprelu_threshold="shared", jumprelu_gain="input")
     assert torch.allclose(fresh(x)[1], shared.train()(x)[1])

@@ -11,7 +11,9 @@ from test_sparsemax_modes import _l0_after_training, ramp_forward, train_unit
 from sae.activations import sparsemax
 from sae.models import SAEConfig, build_model
 from sae.models import sparsemax as sparsemax_module
+from sae.models.losses import fvu_term
 from sae.training.checkpoints import expected_state
+from sae.training.module import SAETraining
 
 
 def batch_model(hidden=32, groups=1, seed=0, **kw):
@@ -90,7 +92,7 @@ def test_inference_uses_the_running_batch_threshold_and_needs_no_batch():
     model = batch_model(hidden=32, groups=2)
     model.BATCH_THRESHOLD_RATE = 1.0  # θ = the last training batch's T·τ
     x = torch.rand(64, 20, dtype=torch.float64)
-    h_train = model(x)[1].detach()
+    h_train = model.forward_pass(x)[1].detach()
     a, x_c = model.pre_activations(x)
     s = model.scores(a, x_c)
     p = model.project(s)
@@ -98,7 +100,7 @@ def test_inference_uses_the_running_batch_threshold_and_needs_no_batch():
     torch.testing.assert_close(model.inference_threshold, tau * model.log_temperature.exp())
     assert int(model.threshold_batches) == 1
     model.eval()
-    h_eval = model(x)[1].detach()
+    h_eval = model.forward_pass(x)[1].detach()
     # the batch's own threshold at inference: the same units, the same values (ties at the
     # threshold aside, which random scores do not have)
     assert torch.equal(h_eval > 0, h_train > 0)
@@ -118,7 +120,7 @@ def test_a_unit_just_outside_the_batch_support_returns():
     x = torch.rand(1, 20, dtype=torch.float64) + 0.05 * torch.rand(64, 20, dtype=torch.float64)
     j = 5
     with torch.no_grad():
-        direction = torch.nn.functional.normalize((x - model(x)[0]).mean(0), dim=0)
+        direction = torch.nn.functional.normalize((x - model.forward_pass(x)[0]).mean(0), dim=0)
         model.W_dec[:, j] = direction
         model.W_enc[j] = direction
         T = float(model.log_temperature.exp())
@@ -131,18 +133,18 @@ def test_a_unit_just_outside_the_batch_support_returns():
             eps = model.GATE_BANDWIDTH * len(x) / float(size)
             # every input's score on unit j a tenth of the window below the batch threshold
             model.b_enc[j] += T * (tau - 0.1 * eps) - float(a[:, j].max())
-    h = model(x)[1]
+    h = model.forward_pass(x)[1]
     assert (h[:, j] == 0).all()
-    before = float(model.recon_loss(x, model(x)[0]).detach())
+    before = float(fvu_term(x, model.forward_pass(x)[0], model.data_var).detach())
     train_unit(model, x, j)  # the reconstruction's gradient, through the gate, on unit j only
-    assert float((model(x)[1][:, j] > 0).float().mean()) == 1
-    assert float(model.recon_loss(x, model(x)[0]).detach()) < before
+    assert float((model.forward_pass(x)[1][:, j] > 0).float().mean()) == 1
+    assert float(fvu_term(x, model.forward_pass(x)[0], model.data_var).detach()) < before
 
 
 @pytest.mark.parametrize("groups", [1, 4])
 def test_resampled_units_enter_the_batch_support_at_the_intended_margin(groups):
     model = batch_model(hidden=64, groups=groups)
-    model(torch.rand(32, 20, dtype=torch.float64))  # a training step's forward sets θ
+    model.forward_pass(torch.rand(32, 20, dtype=torch.float64))  # a training step's forward sets θ
     idx = torch.tensor([3, 17, 30, 41])
     inputs = torch.rand(4, 20, dtype=torch.float64)
     with torch.no_grad():
@@ -179,7 +181,7 @@ def test_the_batch_support_settings_and_what_a_checkpoint_holds():
     pinned = config.pinned()
     assert (pinned.support, pinned.temperature) == ("batch", "global")
     model = build_model(config, torch.rand(20), 2.0)
-    assert set(expected_state(pinned.__dict__, "ckpt")) == set(model.state_dict())
+    assert set(expected_state(pinned.__dict__, "ckpt")) == set(SAETraining(model).state_dict())
     assert {"inference_threshold", "threshold_batches"} <= set(model.state_dict())
     # the default is each input's own support, whatever the other settings, and a
     # configuration saved before the setting existed keeps the support it had

@@ -5,9 +5,11 @@ import lightning.pytorch as L
 import pytest
 from lightning.pytorch.loggers import CSVLogger
 
-from sae.models import SAEConfig, build_model, training_callbacks
+from sae.models import SAEConfig
 from sae.pages.report import FIGURE_KINDS
 from sae.training.callbacks import FigureCallback
+from sae.training.guards import training_callbacks
+from sae.training.module import training_module
 
 pytestmark = pytest.mark.slow  # each case trains a short real run
 
@@ -16,7 +18,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_figures_every_epoch_and_at_the_end_with_csv_logger_only(mnist_small, tmp_path):
     config = SAEConfig(model="sparsemax", hidden=32)
-    model = build_model(config, mnist_small.train_mean, 50.0)
+    model = training_module(config, mnist_small.train_mean, 50.0)
     callback = FigureCallback(tmp_path / "figures", every_n_epochs=2,
                               class_names=mnist_small.class_names, n_atoms=16)
     trainer = L.Trainer(max_epochs=3, limit_train_batches=2, limit_val_batches=2,
@@ -40,7 +42,7 @@ def test_figures_every_epoch_and_at_the_end_with_csv_logger_only(mnist_small, tm
 
 
 def test_no_figures_before_the_end_by_default(mnist_small, tmp_path):
-    model = build_model(SAEConfig(model="l1", hidden=16), mnist_small.train_mean, 50.0)
+    model = training_module(SAEConfig(model="l1", hidden=16), mnist_small.train_mean, 50.0)
     callback = FigureCallback(tmp_path, class_names=mnist_small.class_names, n_atoms=4)
     trainer = L.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1,
                         accelerator="cpu", devices=1, logger=False, callbacks=[callback],
@@ -55,8 +57,8 @@ def test_every_figure_names_the_run_and_the_validation_set(mnist_small, tmp_path
     from sae import figures
     from sae.training import callbacks
 
-    model = build_model(SAEConfig(model="l1", hidden=16), mnist_small.train_mean, 50.0)
-    stats = callbacks.validation_stats(model, mnist_small.val_x[:300], mnist_small.val_y[:300],
+    model = training_module(SAEConfig(model="l1", hidden=16), mnist_small.train_mean, 50.0)
+    stats = callbacks.validation_stats(model.sae, mnist_small.val_x[:300], mnist_small.val_y[:300],
                                        len(mnist_small.class_names), epoch=3, step=645)
     titles, draw = [], figures.figure_to_rgb
     monkeypatch.setattr(figures, "figure_to_rgb",
@@ -84,7 +86,7 @@ def test_tensorboard_histograms_every_validation_and_test_metrics_as_hparams(mni
     from sae.training.callbacks import log_test_hparams, run_label
 
     config = SAEConfig(model="l1", hidden=16)
-    model = build_model(config, mnist_small.train_mean, 50.0)
+    model = training_module(config, mnist_small.train_mean, 50.0)
     callback = FigureCallback(tmp_path / "figures", every_n_epochs=0,
                               class_names=mnist_small.class_names, n_atoms=4)
     tb = TensorBoardLogger(tmp_path, name="tb", version="", default_hp_metric=False)

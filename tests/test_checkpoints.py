@@ -33,8 +33,9 @@ def a_checkpoint():
     """The model part of a checkpoint as sae.run writes it (a small l1 SAE)."""
     from sae.models import build_model
     from sae.settings.config import SAEConfig
+    from sae.training.module import SAETraining
 
-    model = build_model(SAEConfig(model="l1", hidden=16), data_var=52.0)
+    model = SAETraining(build_model(SAEConfig(model="l1", hidden=16), data_var=52.0))
     return {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
             "global_step": 7, "epoch": 1}
 

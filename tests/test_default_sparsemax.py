@@ -52,9 +52,9 @@ def test_the_default_code_of_an_input_is_the_sparsemax_of_its_own_scores(mode):
     model, inputs = default_model()
     model.train(mode == "train")
     with torch.no_grad():
-        _, batch_codes, _ = model(inputs)
+        _, batch_codes, _ = model.forward_pass(inputs)
         for i in range(len(inputs)):
-            alone = model(inputs[i:i + 1])[1][0]
+            alone = model.forward_pass(inputs[i:i + 1])[1][0]
             # no other input changes it (the same units, values up to the rounding of a
             # matrix product of another shape)
             assert torch.equal(batch_codes[i] > 0, alone > 0)
@@ -74,8 +74,8 @@ def test_the_batch_around_an_input_never_changes_its_code(seed, others):
     for mode in (True, False):
         model.train(mode)
         with torch.no_grad():
-            alone = model(x)[1]
-            mixed = model(torch.cat([crowd[: others // 2], x, crowd[others // 2:]]))[1]
+            alone = model.forward_pass(x)[1]
+            mixed = model.forward_pass(torch.cat([crowd[: others // 2], x, crowd[others // 2:]]))[1]
         assert torch.equal(mixed[others // 2] > 0, alone[0] > 0)
         assert torch.allclose(mixed[others // 2], alone[0], rtol=0, atol=1e-12)
 
@@ -88,10 +88,10 @@ def test_the_batch_support_is_a_shared_threshold_at_inference():
                         torch.zeros(12), 1.0).double()
     model.train()
     x = torch.rand(256, 12, dtype=torch.float64)
-    model(x)  # one training batch moves the running threshold
+    model.forward_pass(x)  # one training batch moves the running threshold
     model.eval()
     with torch.no_grad():
         a, _ = model.pre_activations(x)
-        h = model(x)[1]
+        h = model.forward_pass(x)[1]
     theta = float(model.inference_threshold[0])
     assert torch.equal(h > 0, a > theta)

@@ -8,14 +8,15 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from sae import metrics
-from sae.models import SAEConfig, build_model, encode_dataset
-from sae.models.guards import (
+from sae.models import SAEConfig, encode_dataset
+from sae.training.guards import (
     DeadUnitResampler,
     NonFiniteLossError,
     NonFiniteLossGuard,
     reset_moments,
     training_callbacks,
 )
+from sae.training.module import training_module
 
 
 def quiet_trainer(**kw) -> L.Trainer:
@@ -45,11 +46,11 @@ def trained_with_dead_units(dm, name="l1", steps=6):
     """A model trained a few steps (so Adam has moments), then with units 0..15 dead."""
     torch.manual_seed(0)
     config = SAEConfig(model=name, hidden=64, dead_window=256)
-    model = build_model(config, dm.train_mean, data_var=50.0)
+    model = training_module(config, dm.train_mean, data_var=50.0)
     trainer = quiet_trainer(max_steps=steps, limit_val_batches=0)
     trainer.fit(model, datamodule=dm)
     with torch.no_grad():
-        model.b_enc[:16] = -1e4  # these units can never fire
+        model.sae.b_enc[:16] = -1e4  # these units can never fire
     model.samples_since_fired[:16] = config.dead_window
     model.samples_since_fired[16:] = 0
     return model, trainer
@@ -58,12 +59,12 @@ def trained_with_dead_units(dm, name="l1", steps=6):
 def test_resample_follows_the_recipe_and_resets_only_the_touched_adam_rows(mnist_small):
     model, trainer = trained_with_dead_units(mnist_small)
     (opt,) = trainer.optimizers
-    params = {"W_dec": model.W_dec, "W_enc": model.W_enc, "b_enc": model.b_enc}
+    params = {"W_dec": model.sae.W_dec, "W_enc": model.sae.W_enc, "b_enc": model.sae.b_enc}
     before = {k: p.detach().clone() for k, p in params.items()}
     moments = {k: {m: opt.state[p][m].clone() for m in ("exp_avg", "exp_avg_sq")}
                for k, p in params.items()}
-    b_dec_moments = {m: opt.state[model.b_dec][m].clone() for m in ("exp_avg", "exp_avg_sq")}
-    alive_norm = float(model.W_enc[16:].detach().norm(dim=-1).mean())
+    b_dec_moments = {m: opt.state[model.sae.b_dec][m].clone() for m in ("exp_avg", "exp_avg_sq")}
+    alive_norm = float(model.sae.W_enc[16:].detach().norm(dim=-1).mean())
     x = mnist_small.train_x[:128]
 
     n = DeadUnitResampler(every=1).resample(model, x, trainer.optimizers)
@@ -71,18 +72,18 @@ def test_resample_follows_the_recipe_and_resets_only_the_touched_adam_rows(mnist
     assert n == 16
     dead, alive = slice(0, 16), slice(16, None)
     # decoder columns: unit-norm, centred training inputs of this batch
-    centred = F.normalize(x - model.b_dec.detach(), dim=-1)  # [B, D]
-    cosine = centred @ model.W_dec[:, dead]  # [B, 16]
+    centred = F.normalize(x - model.sae.b_dec.detach(), dim=-1)  # [B, D]
+    cosine = centred @ model.sae.W_dec[:, dead]  # [B, 16]
     assert (cosine.max(0).values > 1 - 1e-5).all()
     # encoder rows: the same direction, at 0.2 x the mean alive encoder-row norm
-    torch.testing.assert_close(model.W_enc[dead],
-                               model.W_dec[:, dead].t() * 0.2 * alive_norm)
-    assert (model.b_enc[dead] == 0).all()
+    torch.testing.assert_close(model.sae.W_enc[dead],
+                               model.sae.W_dec[:, dead].t() * 0.2 * alive_norm)
+    assert (model.sae.b_enc[dead] == 0).all()
     assert (model.samples_since_fired[dead] == 0).all()
     # the other units' weights and every moment outside the touched rows are untouched
-    torch.testing.assert_close(model.W_dec[:, alive], before["W_dec"][:, alive], rtol=0, atol=0)
-    torch.testing.assert_close(model.W_enc[alive], before["W_enc"][alive], rtol=0, atol=0)
-    torch.testing.assert_close(model.b_enc[alive], before["b_enc"][alive], rtol=0, atol=0)
+    torch.testing.assert_close(model.sae.W_dec[:, alive], before["W_dec"][:, alive], rtol=0, atol=0)
+    torch.testing.assert_close(model.sae.W_enc[alive], before["W_enc"][alive], rtol=0, atol=0)
+    torch.testing.assert_close(model.sae.b_enc[alive], before["b_enc"][alive], rtol=0, atol=0)
     for m in ("exp_avg", "exp_avg_sq"):
         w_dec, w_enc, b_enc = (opt.state[params[k]][m] for k in ("W_dec", "W_enc", "b_enc"))
         assert (w_dec[:, dead] == 0).all() and (w_enc[dead] == 0).all() and \
@@ -91,9 +92,9 @@ def test_resample_follows_the_recipe_and_resets_only_the_touched_adam_rows(mnist
         assert torch.equal(w_dec[:, alive], moments["W_dec"][m][:, alive])
         assert torch.equal(w_enc[alive], moments["W_enc"][m][alive])
         assert torch.equal(b_enc[alive], moments["b_enc"][m][alive])
-        assert torch.equal(opt.state[model.b_dec][m], b_dec_moments[m])
+        assert torch.equal(opt.state[model.sae.b_dec][m], b_dec_moments[m])
     # they come back: each resampled unit fires on the input it was copied from
-    assert (metrics.active(model.encode(x))[:, dead].any(0)).all()
+    assert (metrics.active(model.sae.encode(x))[:, dead].any(0)).all()
 
 
 def test_more_dead_units_than_inputs_take_one_input_each_and_the_rest_wait(mnist_small):
@@ -103,7 +104,7 @@ def test_more_dead_units_than_inputs_take_one_input_each_and_the_rest_wait(mnist
     resampler = DeadUnitResampler(every=1)
     assert resampler.resample(model, x, trainer.optimizers) == 12
     # twelve distinct inputs, one unit each: no two new decoder columns are the same input
-    cosine = F.normalize(x - model.b_dec.detach(), dim=-1) @ model.W_dec[:, :12]  # [12, 12]
+    cosine = F.normalize(x - model.sae.b_dec.detach(), dim=-1) @ model.sae.W_dec[:, :12]  # [12, 12]
     assert sorted(cosine.argmax(0).tolist()) == list(range(12))
     assert (model.samples_since_fired[:12] == 0).all()
     assert model.dead_mask()[12:40].all() and not model.dead_mask()[40:].any()
@@ -138,7 +139,7 @@ class KillUnitZero(L.Callback):
 
 def test_resampler_runs_every_n_steps_until_its_fraction_of_training(mnist_small):
     config = SAEConfig(model="l1", hidden=32, dead_window=10**9)
-    model = build_model(config, mnist_small.train_mean, data_var=50.0)
+    model = training_module(config, mnist_small.train_mean, data_var=50.0)
     resampler = DeadUnitResampler(every=4, until=0.5)
     quiet_trainer(max_steps=16, limit_val_batches=0,
                   callbacks=[KillUnitZero(), resampler]).fit(model, datamodule=mnist_small)
@@ -148,17 +149,17 @@ def test_resampler_runs_every_n_steps_until_its_fraction_of_training(mnist_small
 def test_resampling_revives_dead_units(mnist_small):
     config = SAEConfig(model="l1", hidden=64, lam=0.01, dead_window=256, resample_every=4,
                        resample_until=1.0)
-    model = build_model(config, mnist_small.train_mean, data_var=50.0)
+    model = training_module(config, mnist_small.train_mean, data_var=50.0)
     with torch.no_grad():
-        model.b_enc[:16] = -1e4  # these units can never fire
-    before = metrics.firing_frequency(encode_dataset(model, mnist_small.val_x)[1])
+        model.sae.b_enc[:16] = -1e4  # these units can never fire
+    before = metrics.firing_frequency(encode_dataset(model.sae, mnist_small.val_x)[1])
     assert (before[:16] == 0).all()
     trainer = quiet_trainer(max_steps=9, limit_val_batches=0,
                             callbacks=training_callbacks(config))
     trainer.fit(model, datamodule=mnist_small)
-    after = metrics.firing_frequency(encode_dataset(model, mnist_small.val_x)[1])
+    after = metrics.firing_frequency(encode_dataset(model.sae, mnist_small.val_x)[1])
     assert (after[:16] > 0).float().mean() >= 0.75
-    assert float(model.b_enc[:16].min()) > -1.0
+    assert float(model.sae.b_enc[:16].min()) > -1.0
 
 
 @pytest.mark.parametrize("support", ["input", "batch"])
@@ -168,25 +169,25 @@ def test_resampled_sparsemax_units_enter_the_support(mnist_small, support):
     torch.manual_seed(0)
     config = SAEConfig(model="sparsemax", hidden=64, dead_window=256, resample_every=4,
                        resample_until=1.0, support=support)
-    model = build_model(config, mnist_small.train_mean, data_var=50.0)
+    model = training_module(config, mnist_small.train_mean, data_var=50.0)
     with torch.no_grad():
-        model.b_enc[:16] = -1e4  # out-scored by every other unit on every input
+        model.sae.b_enc[:16] = -1e4  # out-scored by every other unit on every input
     quiet_trainer(max_steps=5, limit_val_batches=0,
                   callbacks=training_callbacks(config)).fit(model, datamodule=mnist_small)
     # resampled at step 4 from one input each: each must be in the support on its input, so
     # it fires on the training images and receives gradient from then on
-    after = metrics.firing_frequency(encode_dataset(model, mnist_small.train_x)[1])
+    after = metrics.firing_frequency(encode_dataset(model.sae, mnist_small.train_x)[1])
     assert (after[:16] > 0).all()
 
 
 def test_resampling_off_leaves_dead_units_dead(mnist_small):
     config = SAEConfig(model="l1", hidden=64, lam=0.01, dead_guard="none")
-    model = build_model(config, mnist_small.train_mean, data_var=50.0)
+    model = training_module(config, mnist_small.train_mean, data_var=50.0)
     with torch.no_grad():
-        model.b_enc[:16] = -1e4
+        model.sae.b_enc[:16] = -1e4
     quiet_trainer(max_steps=9, limit_val_batches=0,
                   callbacks=training_callbacks(config)).fit(model, datamodule=mnist_small)
-    after = metrics.firing_frequency(encode_dataset(model, mnist_small.val_x)[1])
+    after = metrics.firing_frequency(encode_dataset(model.sae, mnist_small.val_x)[1])
     assert (after[:16] == 0).all()
 
 
@@ -201,12 +202,12 @@ class PoisonWeights(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.at:
             with torch.no_grad():
-                pl_module.W_enc.fill_(float("nan"))
+                pl_module.sae.W_enc.fill_(float("nan"))
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(mnist_small, tmp_path):
     config = SAEConfig(model="l1", hidden=32)
-    model = build_model(config, mnist_small.train_mean, 50.0)
+    model = training_module(config, mnist_small.train_mean, 50.0)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, monitor="val/loss")
     trainer = quiet_trainer(max_epochs=3, limit_train_batches=3, limit_val_batches=2,
                             enable_checkpointing=True,
@@ -221,7 +222,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(mnist_small, tmp_p
 
 def test_without_the_guard_training_runs_on_with_a_nan_loss(mnist_small):
     config = SAEConfig(model="l1", hidden=32)
-    model = build_model(config, mnist_small.train_mean, 50.0)
+    model = training_module(config, mnist_small.train_mean, 50.0)
     quiet_trainer(max_steps=4, limit_val_batches=0,
                   callbacks=[PoisonWeights(at=1)]).fit(model, datamodule=mnist_small)
     assert bool(model.nonfinite_loss)  # the flag is set in the step; stopping is the guard's
@@ -229,7 +230,7 @@ def test_without_the_guard_training_runs_on_with_a_nan_loss(mnist_small):
 
 def test_guard_refuses_to_write_a_checkpoint_after_a_non_finite_loss(mnist_small, tmp_path):
     config = SAEConfig(model="l1", hidden=32)
-    model = build_model(config, mnist_small.train_mean, 50.0)
+    model = training_module(config, mnist_small.train_mean, 50.0)
     trainer = quiet_trainer(max_steps=2, limit_val_batches=0, callbacks=[NonFiniteLossGuard()])
     trainer.fit(model, datamodule=mnist_small)
     trainer.save_checkpoint(tmp_path / "good.ckpt")  # a finite run saves normally

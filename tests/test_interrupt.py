@@ -134,11 +134,11 @@ class SignalAt(L.Callback):
 def stopped_run(in_process, monkeypatch, out, signal_at, args=TINY) -> int:
     """The exit code of the tiny run (``args``) into ``out`` with ``signal_at`` among its
     training callbacks (they are as before afterwards)."""
-    import sae.models
+    import sae.training.guards
 
-    plain = sae.models.training_callbacks
+    plain = sae.training.guards.training_callbacks
     with monkeypatch.context() as patch:
-        patch.setattr(sae.models, "training_callbacks",
+        patch.setattr(sae.training.guards, "training_callbacks",
                       lambda config: [*plain(config), signal_at])
         return in_process([*args, "--out", out])
 

@@ -24,8 +24,10 @@ from sae.models import (
     model_class,
 )
 from sae.models import losses as LS
+from sae.models.losses import fvu_term
 from sae.settings.variants import VARIANTS, Variant, register
 from sae.training.checkpoints import load_checkpoint, write_checkpoint
+from sae.training.module import SAETraining, training_module
 
 
 def small_model(name: str, hidden: int = 32, **kw) -> torch.nn.Module:
@@ -45,7 +47,7 @@ def quiet_trainer(**kw) -> L.Trainer:
 def test_shapes_and_unit_norm_init(name):
     model = small_model(name)
     x = torch.rand(5, 20)
-    x_hat, h, _ = model(x)
+    x_hat, h, _ = model.forward_pass(x)
     assert x_hat.shape == (5, 20) and h.shape == (5, 32)
     if name != "sparsemax-attention":  # the published model's atoms have free lengths
         torch.testing.assert_close(model.W_dec.norm(dim=0), torch.ones(32))
@@ -117,14 +119,15 @@ def test_kl_penalty_zero_at_target_and_positive_elsewhere():
 
 
 def test_decoder_stays_unit_norm_and_radial_gradient_removed(mnist_small):
-    model = build_model(SAEConfig(model="l1", hidden=64, lam=0.01), mnist_small.train_mean,
-                        data_var=50.0)
+    module = training_module(SAEConfig(model="l1", hidden=64, lam=0.01), mnist_small.train_mean,
+                             data_var=50.0)
     trainer = quiet_trainer(max_steps=5, limit_val_batches=0)
-    trainer.fit(model, datamodule=mnist_small)
+    trainer.fit(module, datamodule=mnist_small)
+    model = module.sae
     torch.testing.assert_close(model.W_dec.norm(dim=0), torch.ones(64), atol=1e-5, rtol=0)
     g = torch.randn_like(model.W_dec)
     model.W_dec.grad = g.clone()
-    model.on_before_optimizer_step(None)
+    module.on_before_optimizer_step(None)
     radial = (model.W_dec.grad * model.W_dec).sum(0)
     assert radial.abs().max() < 1e-5
     # the projection records no autograd history on .grad (a graph there chained every step's
@@ -146,7 +149,7 @@ class GradNormRecorder(L.Callback):
 
 @pytest.mark.parametrize("clip", [None, 1e-3])
 def test_gradient_clipping_acts(mnist_small, clip):
-    model = build_model(SAEConfig(model="sparsemax", hidden=64), mnist_small.train_mean, 50.0)
+    model = training_module(SAEConfig(model="sparsemax", hidden=64), mnist_small.train_mean, 50.0)
     recorder = GradNormRecorder()
     trainer = quiet_trainer(max_steps=4, limit_val_batches=0, callbacks=[recorder],
                             gradient_clip_val=clip, gradient_clip_algorithm="norm")
@@ -182,7 +185,7 @@ def mean_l0_after_training(dm, name: str, lam: float, k: int = 32, steps: int = 
     config = SAEConfig(model=name, hidden=128, lam=lam, k=k, lambda_warmup=0.1, **settings)
     data_var = float((dm.train_x - dm.train_mean).pow(2).sum(-1).mean())
     model = build_model(config, dm.train_mean, data_var)
-    quiet_trainer(max_steps=steps, limit_val_batches=0).fit(model, datamodule=dm)
+    quiet_trainer(max_steps=steps, limit_val_batches=0).fit(SAETraining(model), datamodule=dm)
     _, codes = encode_dataset(model, dm.val_x)
     return float(metrics.l0(codes, model.fire_threshold).mean())
 
@@ -216,7 +219,7 @@ def test_batchtopk_training_codes_have_mean_l0_exactly_k(mnist_small):
     config = SAEConfig(model="batchtopk", hidden=64, k=7)
     model = build_model(config, mnist_small.train_mean, 50.0).train()
     x = mnist_small.train_x[:100]
-    _, h, _ = model(x)
+    _, h, _ = model.forward_pass(x)
     assert int((h > 0).sum()) == 7 * 100  # k·B kept over the batch
     assert (h > 0).sum(-1).float().std() > 0  # but not k for every input
     assert float(model.threshold) > 0  # the training forward pass updated θ
@@ -226,7 +229,7 @@ def test_batchtopk_eval_codes_do_not_depend_on_the_batch(mnist_small):
     config = SAEConfig(model="batchtopk", hidden=64, k=7)
     model = build_model(config, mnist_small.train_mean, 50.0).train()
     for i in range(5):
-        model(mnist_small.train_x[i * 100:(i + 1) * 100])
+        model.forward_pass(mnist_small.train_x[i * 100:(i + 1) * 100])
     model.eval()
     a, x_centred = model.pre_activations(mnist_small.val_x[:50])
     together, _ = model.code(a, x_centred)
@@ -240,9 +243,9 @@ def test_batchtopk_threshold_is_a_running_mean_of_the_smallest_kept_value():
     model = small_model("batchtopk").train()
     x = torch.rand(16, 20)
     with torch.no_grad():  # a resampling pass: no update
-        model(x)
+        model.forward_pass(x)
     assert float(model.threshold) == 0
-    model(x)
+    model.forward_pass(x)
     first = float(model.threshold)
     a, _ = model.pre_activations(x)
     a = a.detach()
@@ -253,11 +256,11 @@ def test_batchtopk_threshold_is_a_running_mean_of_the_smallest_kept_value():
 def test_jumprelu_thresholds_get_gradient_and_values_are_unshrunk():
     model = small_model("jumprelu", jumprelu_bandwidth=5.0)  # a wide window: some inputs in it
     x = torch.rand(64, 20)
-    x_hat, h, extras = model(x)
+    x_hat, h, extras = model.forward_pass(x)
     a, _ = model.pre_activations(x)
     on = h != 0
     assert torch.equal(h[on], a[on])  # active values are the pre-activations themselves
-    loss = model.recon_loss(x, x_hat) + model.penalty(h, extras)
+    loss = fvu_term(x, x_hat, model.data_var) + model.penalty(h, extras)
     loss.backward()
     assert model.log_threshold.grad is not None
     assert model.log_threshold.grad.abs().sum() > 0
@@ -325,7 +328,7 @@ def test_a_model_registered_in_the_registry_alone_parses_and_trains(toy_variant,
 
 
 SHARED_KEYS = ["b_dec", "W_dec", "W_enc", "b_enc", "data_var", "code_scale", "mean_image",
-               "samples_since_fired", "nonfinite_loss"]
+               "samples_since_fired", "nonfinite_loss"]  # the last two: the training module's
 MLP_KEYS = ["enc_in.0.weight", "enc_in.0.bias", "dec_out.1.weight", "dec_out.1.bias"]
 SUPPORT_KEYS = ["log_temperature", "scale_head.weight", "scale_head.bias"]
 
@@ -351,7 +354,9 @@ def test_state_dict_keys_are_those_of_saved_checkpoints(name, arch):
         expected = [k for k in expected if k not in ("b_dec", "W_dec", "W_enc", "b_enc")] + [
             "concepts", "key", "value", "firing_frequency", "frequency_batches"]
     model = small_model(name, arch=arch, mlp_width=8, dead_guard="none")
-    assert sorted(model.state_dict()) == sorted(expected)
+    assert sorted(SAETraining(model).state_dict()) == sorted(expected)
+    assert sorted(model.state_dict()) == sorted(set(expected) - {"samples_since_fired",
+                                                                 "nonfinite_loss"})
 
 
 def test_a_threshold_at_inference_saves_its_running_mean_with_the_weights():
@@ -373,13 +378,14 @@ def test_load_checkpoint_rebuilds_the_model_from_the_saved_format(name, tmp_path
     with torch.no_grad():
         model.b_enc.normal_()
     # the layout sae.run writes; "train_seconds" is what earlier versions kept there
-    write_checkpoint({"hyper_parameters": dict(model.hparams), "state_dict": model.state_dict(),
+    module = SAETraining(model)
+    write_checkpoint({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(),
                       "train_seconds": 12.5}, tmp_path / "last.ckpt")
     loaded = load_checkpoint(tmp_path / "last.ckpt")
     assert type(loaded) is type(model) and not loaded.training
     x = torch.rand(7, 20)
     model.eval()
-    torch.testing.assert_close(loaded(x)[0], model(x)[0], rtol=0, atol=0)
+    torch.testing.assert_close(loaded.forward_pass(x)[0], model.forward_pass(x)[0], rtol=0, atol=0)
 
 
 # ---- pure loss terms --------------------------------------------------------------------------
@@ -453,7 +459,7 @@ def test_training_metrics_are_logged_exactly_at_lightnings_steps(mnist_small, tm
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
 
     def fit(steps, log_dir, resume=None):
-        model = build_model(config, mnist_small.train_mean, 50.0)
+        model = training_module(config, mnist_small.train_mean, 50.0)
         trainer = quiet_trainer(max_steps=steps, limit_train_batches=5, limit_val_batches=1,
                                 val_check_interval=3, log_every_n_steps=4,
                                 logger=CSVLogger(log_dir, name="", version=""),
@@ -475,11 +481,12 @@ def test_training_metrics_are_logged_exactly_at_lightnings_steps(mnist_small, tm
 def test_logging_is_skipped_between_logged_steps(mnist_small):
     calls = []
 
-    class Counting(L1SAE):
+    class Counting(SAETraining):
         def log(self, name, *args, **kwargs):
             calls.append((self.global_step, name))
 
-    model = Counting(SAEConfig(model="l1", hidden=8, dead_guard="none"), mnist_small.train_mean)
+    model = Counting(L1SAE(SAEConfig(model="l1", hidden=8, dead_guard="none"),
+                           mnist_small.train_mean))
     quiet_trainer(max_steps=6, limit_val_batches=0, log_every_n_steps=3).fit(
         model, datamodule=mnist_small)
     assert sorted({step for step, _ in calls}) == [2, 5]  # no self.log call on the other steps
@@ -536,12 +543,14 @@ def test_auxk_on_the_dead_columns_equals_the_masked_form(n_dead):
 
 
 def test_topk_with_no_dead_unit_adds_a_zero_auxk_term():
-    model = small_model("topk")
-    model.samples_since_fired.zero_()
+    module = SAETraining(small_model("topk"))
+    model = module.sae
     x = torch.rand(8, 20)
-    x_hat, h, extras = model(x)
+    x_hat, h, extras = model.forward_pass(x)
+    extras["dead"] = module.dead_mask(reduce=False)
     assert float(model.extra_loss(x, x_hat, h, extras)) == 0.0
-    model.samples_since_fired[:5] = model.config.dead_window
+    module.samples_since_fired[:5] = model.config.dead_window
+    extras["dead"] = module.dead_mask(reduce=False)
     assert float(model.extra_loss(x, x_hat, h, extras)) > 0.0
 
 

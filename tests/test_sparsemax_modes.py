@@ -12,6 +12,8 @@ from sae import metrics
 from sae.models import SAEConfig, build_model, encode_dataset
 from sae.models import sparsemax as sparsemax_module
 from sae.models.gates import rectangle_kernel, support_gate
+from sae.models.losses import fvu_term
+from sae.training.module import SAETraining
 
 TEMPERATURES = ("global", "learned", "normalized", "energy")
 
@@ -69,10 +71,10 @@ def test_learned_temperature_starts_exactly_as_the_global_one():
     torch.manual_seed(0)
     learned = build_model(SAEConfig(input_dim=20, hidden=32, temperature="learned",
                                     support="input"), torch.rand(20), 2.0).double()
-    assert torch.equal(glob(x)[1], learned(x)[1])
+    assert torch.equal(glob.forward_pass(x)[1], learned.forward_pass(x)[1])
     # and the head learns: the reconstruction's gradient reaches u
-    x_hat, h, extras = learned(x)
-    (learned.recon_loss(x, x_hat) + learned.penalty(h, extras)).backward()
+    x_hat, h, extras = learned.forward_pass(x)
+    (fvu_term(x, x_hat, learned.data_var) + learned.penalty(h, extras)).backward()
     assert learned.temperature_head.weight.grad.abs().sum() > 0
 
 
@@ -95,7 +97,8 @@ def test_energy_temperature_is_the_normalized_one_times_a_power_of_the_input_nor
         config = SAEConfig(input_dim=20, hidden=32, groups=groups, temperature=temperature)
         models[temperature] = build_model(config, torch.rand(20), 2.0).double()
     normalized, energy = models["normalized"], models["energy"]
-    assert torch.equal(normalized(x)[1], energy(x)[1])  # γ starts at 0: exactly normalized
+    # γ starts at 0: exactly normalized
+    assert torch.equal(normalized.forward_pass(x)[1], energy.forward_pass(x)[1])
     with torch.no_grad():
         energy.energy_exponent.copy_(torch.linspace(-0.5, 1.5, groups, dtype=torch.float64))
     a, x_c = energy.pre_activations(x)
@@ -109,8 +112,8 @@ def test_energy_temperature_is_the_normalized_one_times_a_power_of_the_input_nor
     small, large = (energy.code(a, c * x_c)[1]["p"] > 0 for c in (0.5, 2.0))
     assert large.sum() > small.sum()
     # and γ learns: the loss's gradient reaches it
-    x_hat, h, extras = energy(x)
-    (energy.recon_loss(x, x_hat) + energy.penalty(h, extras)).backward()
+    x_hat, h, extras = energy.forward_pass(x)
+    (fvu_term(x, x_hat, energy.data_var) + energy.penalty(h, extras)).backward()
     assert energy.energy_exponent.grad.abs().sum() > 0
 
 
@@ -128,18 +131,19 @@ def test_the_energy_power_starts_where_it_is_set_and_stays_there_when_fixed():
         assert torch.equal(models[mode].energy_exponent, torch.full((2,), 1.5, dtype=torch.float64))
         # either way γ is saved with the weights, and a checkpoint of either mode loads
         assert "energy_exponent" in models[mode].state_dict()
-        saved = models[mode].hparams["config"]  # what its checkpoint holds
-        assert set(expected_state(saved, "ckpt")) == set(models[mode].state_dict())
+        saved = models[mode].settings["config"]  # what its checkpoint holds
+        assert set(expected_state(saved, "ckpt")) == set(SAETraining(models[mode]).state_dict())
     learned, fixed = models["learn"], models["fixed"]
-    assert torch.equal(learned(x)[1], fixed(x)[1])  # the same model until training moves γ
+    # the same model until training moves γ
+    assert torch.equal(learned.forward_pass(x)[1], fixed.forward_pass(x)[1])
     names = {name for name, _ in fixed.named_parameters()}
     assert "energy_exponent" not in names and "energy_exponent" in dict(learned.named_parameters())
     for model in (learned, fixed):
-        optimizer = model.configure_optimizers()["optimizer"]
+        optimizer = SAETraining(model).configure_optimizers()["optimizer"]
         for _ in range(3):
             optimizer.zero_grad()
-            x_hat, h, extras = model(x)
-            (model.recon_loss(x, x_hat) + model.penalty(h, extras)).backward()
+            x_hat, h, extras = model.forward_pass(x)
+            (fvu_term(x, x_hat, model.data_var) + model.penalty(h, extras)).backward()
             optimizer.step()
     assert not torch.equal(learned.energy_exponent, fixed.energy_exponent)
     assert torch.equal(fixed.energy_exponent, torch.full((2,), 1.5, dtype=torch.float64))
@@ -200,10 +204,10 @@ def test_normalized_support_ignores_the_scores_scale_and_shift(groups):
 def test_every_temperature_works_with_groups_and_entmax(name, temperature):
     model = model64(temperature, name=name, groups=4)
     x = torch.rand(6, 20, dtype=torch.float64)
-    x_hat, h, extras = model(x)
+    x_hat, h, extras = model.forward_pass(x)
     torch.testing.assert_close(extras["p"].view(6, 4, 8).sum(-1),
                                torch.ones(6, 4, dtype=torch.float64))
-    (model.recon_loss(x, x_hat) + model.penalty(h, extras)).backward()
+    (fvu_term(x, x_hat, model.data_var) + model.penalty(h, extras)).backward()
     assert model.log_temperature.grad.abs().sum() > 0
     keys = set(model.state_dict())
     assert ("temperature_head.weight" in keys) == (temperature == "learned")
@@ -285,7 +289,7 @@ def near_miss(values, temperature):
     moderate(model, x)
     j = 5
     with torch.no_grad():
-        direction = torch.nn.functional.normalize((x - model(x)[0]).mean(0), dim=0)
+        direction = torch.nn.functional.normalize((x - model.forward_pass(x)[0]).mean(0), dim=0)
         model.W_dec[:, j] = direction
         model.W_enc[j] = direction
         for _ in range(50):  # a fixed point: the normalized T(x) depends on the bias
@@ -303,7 +307,7 @@ def train_unit(model, x, j, steps=30):
     opt = torch.optim.Adam([model.W_enc, model.b_enc], lr=1e-2)
     for _ in range(steps):
         opt.zero_grad()
-        model.recon_loss(x, model(x)[0]).backward()
+        fvu_term(x, model.forward_pass(x)[0], model.data_var).backward()
         for param in (model.W_enc, model.b_enc):  # only unit j learns
             keep = torch.zeros_like(param.grad)
             keep[j] = 1
@@ -321,11 +325,11 @@ def test_a_unit_just_outside_the_support_returns_under_unshrunk_ste(temperature)
         _, p, u = margins(model, a, x_c)
         eps = model.GATE_BANDWIDTH / (p > 0).sum(-1)
         assert (u[:, 0, j] > -eps[:, 0] / 2).float().mean() > 0.3  # but near it
-        before = float(model.recon_loss(x, model(x)[0]).detach())
+        before = float(fvu_term(x, model.forward_pass(x)[0], model.data_var).detach())
         train_unit(model, x, j)
         fired[values] = float((model.encode(x)[:, j] > 0).float().mean())
         if values == "unshrunk-ste":
-            assert float(model.recon_loss(x, model(x)[0]).detach()) < before
+            assert float(fvu_term(x, model.forward_pass(x)[0], model.data_var).detach()) < before
     assert fired["unshrunk-ste"] == 1, fired
     if temperature not in ("normalized", "energy"):  # there a unit's score also moves the spread
         # T(x) divides by
@@ -374,7 +378,7 @@ def _l0_after_training(data, steps, **settings):
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
-    trainer.fit(model, datamodule=data)
+    trainer.fit(SAETraining(model), datamodule=data)
     _, codes = encode_dataset(model, data.val_x)
     return float(metrics.l0(codes, model.fire_threshold).mean())
 
@@ -423,7 +427,7 @@ def test_unshrunk_values_start_with_the_shrunk_codes_mass(temperature):
     ("global", "unshrunk-ste", True), ("learned", "unshrunk-ste", True)])
 def test_log_temperature_learns_faster_where_it_sizes_the_support(temperature, values, scaled):
     model = model64(temperature, values=values)
-    groups = model.configure_optimizers()["optimizer"].param_groups
+    groups = SAETraining(model).configure_optimizers()["optimizer"].param_groups
     lr = {id(p): g["lr"] for g in groups for p in g["params"]}
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     factor = model.TEMPERATURE_LR_SCALE if scaled else 1.0
@@ -463,9 +467,9 @@ def test_a_run_saves_the_mode_auto_resolved_to_and_a_saved_auto_keeps_its_meanin
         sae.validate()
     # so does a model built from the Python API: its checkpoint names the modes
     built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
-    assert built.hparams["config"]["support"] == "input"
-    assert built.hparams["config"]["temperature"] == "energy"
-    assert built.hparams["config"]["values"] == "unshrunk-ste"
+    assert built.settings["config"]["support"] == "input"
+    assert built.settings["config"]["temperature"] == "energy"
+    assert built.settings["config"]["values"] == "unshrunk-ste"
     assert run_config(["--support", "input", "--out", str(tmp_path / "own")]).sae.temperature \
         == "energy"
     assert pin_auto({"model": "sparsemax", "temperature": "learned", "values": "auto"}) == {
@@ -508,11 +512,11 @@ def test_the_default_inference_is_the_supports_own_rule_and_a_run_keeps_the_rule
     # with the per-input support (the default), nothing to track; the batch support infers
     # with the running mean of its batch threshold, which its checkpoint holds
     built = build_model(SAEConfig(input_dim=20, hidden=32), torch.rand(20), 2.0)
-    assert built.hparams["config"]["inference"] == "sparsemax" and built.inference == "sparsemax"
+    assert built.settings["config"]["inference"] == "sparsemax" and built.inference == "sparsemax"
     assert "inference_threshold" not in dict(built.named_buffers())
     batch = build_model(SAEConfig(input_dim=20, hidden=32, support="batch"), torch.rand(20),
                         2.0)
-    assert batch.hparams["config"]["inference"] == "sparsemax"
+    assert batch.settings["config"]["inference"] == "sparsemax"
     assert "inference_threshold" in dict(batch.named_buffers())
     # the threshold is asked for by name, and needs unshrunk values
     SAEConfig(inference="threshold").validate()
@@ -560,12 +564,12 @@ def test_the_inference_threshold_trains_as_sparsemax_and_keeps_as_many_units_at_
     steps = []
     for model in (own, thr):
         model.train()
-        optimizer = model.configure_optimizers()["optimizer"]
+        optimizer = SAETraining(model).configure_optimizers()["optimizer"]
         codes = []
         for _ in range(3):
             optimizer.zero_grad()
-            x_hat, h, extras = model(x)
-            (model.recon_loss(x, x_hat) + model.penalty(h, extras)).backward()
+            x_hat, h, extras = model.forward_pass(x)
+            (fvu_term(x, x_hat, model.data_var) + model.penalty(h, extras)).backward()
             optimizer.step()
             codes.append(h.detach())
         steps.append(codes)
@@ -574,7 +578,7 @@ def test_the_inference_threshold_trains_as_sparsemax_and_keeps_as_many_units_at_
     assert int(thr.threshold_batches) == 3 and "inference_threshold" not in dict(own.state_dict())
     # θ with rate 1 is the batch's |S|-th largest value, |S| the units sparsemax kept
     thr.THRESHOLD_RATE = 1.0
-    h_train = thr(x)[1].detach()  # with gradients: a training step's forward
+    h_train = thr.forward_pass(x)[1].detach()  # with gradients: a training step's forward
     kept = int((h_train > 0).sum())
     a, x_centred = thr.pre_activations(x)
     s = thr.scores(a, x_centred)
@@ -584,13 +588,13 @@ def test_the_inference_threshold_trains_as_sparsemax_and_keeps_as_many_units_at_
     assert float(thr.inference_threshold) == pytest.approx(float(v.flatten().sort().values[-kept]))
     # at inference: the same number of units, each with the value it carries on the support
     thr.eval()
-    h_eval = thr(x)[1].detach()
+    h_eval = thr.forward_pass(x)[1].detach()
     assert int((h_eval > 0).sum()) == kept - 1  # v > θ: all but the one at θ (no ties)
     on = h_eval > 0
     assert torch.equal(h_eval[on], v[on]) and bool((v[~on] <= thr.inference_threshold).all())
     # θ is saved with the weights; a checkpoint of either rule loads
-    assert set(expected_state(thr.hparams["config"], "ckpt")) == set(thr.state_dict())
-    assert set(expected_state(own.hparams["config"], "ckpt")) == set(own.state_dict())
+    assert set(expected_state(thr.settings["config"], "ckpt")) == set(SAETraining(thr).state_dict())
+    assert set(expected_state(own.settings["config"], "ckpt")) == set(SAETraining(own).state_dict())
     for kw in ({"model": "l1"}, {"model": "entmax"}, {"values": "shrunk"}):
         with pytest.raises(ValueError, match="--inference threshold applies to --model sparsemax"):
             SAEConfig(inference="threshold", **kw).validate()

@@ -1,11 +1,10 @@
-"""Sparse autoencoders: one base LightningModule (``base``), pure loss terms (``losses``) and one
-small module per variant.
+r"""Sparse autoencoders: one base model (``base``), pure loss terms (``losses``) and one small
+module per variant. These are plain ``torch.nn.Module``\ s, what inference needs; training wraps
+one in :class:`sae.training.module.SAETraining`.
 
 Adding a variant is a subclass of ``SparseAutoencoder`` defining ``code`` and ``penalty`` (see
 ``l1.py``) in a module of its own, and one ``register`` call in :mod:`sae.settings.variants`, the
-registry that the command line, the checks and ``build_model`` read. The training guards (dead-unit
-resampling, the non-finite-loss stop) are Lightning callbacks in ``sae.models.guards``;
-``training_callbacks(config)`` lists those a config needs.
+registry that the command line, the checks and ``build_model`` read.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from torch import Tensor
 
 from sae.models.base import SparseAutoencoder
 from sae.models.batchtopk import BatchTopKSAE
-from sae.models.guards import NonFiniteLossError, training_callbacks
 from sae.models.jumprelu import JumpReLUSAE
 from sae.models.kl import KLSAE
 from sae.models.l1 import L1SAE
@@ -26,10 +24,9 @@ from sae.models.topk import TopKSAE
 from sae.settings.config import MODELS, SAEConfig
 from sae.settings.variants import variant
 
-__all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS",
-           "NonFiniteLossError", "SAEConfig", "SparseAutoencoder", "SparsemaxSAE", "TopKSAE",
-           "build_model", "decode_dataset", "encode_codes", "encode_dataset", "model_class",
-           "training_callbacks"]
+__all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS", "SAEConfig",
+           "SparseAutoencoder", "SparsemaxSAE", "TopKSAE", "build_model", "decode_dataset",
+           "encode_codes", "encode_dataset", "model_class"]
 
 
 def model_class(name: str) -> type[SparseAutoencoder]:
@@ -58,7 +55,7 @@ def encode_dataset(model: SparseAutoencoder, x: Tensor,
     x_hats, codes = [], []
     for start in range(0, len(x), batch_size):
         batch = x[start:start + batch_size].to(model.device)
-        x_hat, h, _ = model(batch)
+        x_hat, h, _ = model.forward_pass(batch)
         x_hats.append(x_hat.float().cpu())
         codes.append(h.float().cpu())
     model.train(was_training)

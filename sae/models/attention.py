@@ -40,6 +40,8 @@ class AttentionSAE(SparseAutoencoder):
     schedule and gradient clipping; the firing frequency is tracked in training steps only.
     """
 
+    unit_norm_decoder = False  # the atoms' lengths are free (the code's scale is the scores')
+
     def __init__(self, config: SAEConfig, mean_image=None, data_var: float = 1.0,
                  init_inputs=None):
         super().__init__(config, mean_image, data_var, init_inputs)
@@ -108,9 +110,3 @@ class AttentionSAE(SparseAutoencoder):
     def linear_decoder(self) -> tuple[Tensor, Tensor]:
         return self.decoder_rows().detach().t(), torch.zeros(self.config.input_dim,
                                                              device=self.mean_image.device)
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        """Nothing to project: the atoms' lengths are free (the code's scale is the scores')."""
-
-    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        optimizer.step(closure=optimizer_closure)

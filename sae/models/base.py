@@ -1,4 +1,4 @@
-"""The SAE base LightningModule: shared encoder/decoder, loss assembly, validation statistics.
+"""The SAE base model: the shared encoder and decoder, and the hooks a variant fills in.
 
 Shared architecture (the classic one-layer SAE, so decoder columns are images)::
 
@@ -16,12 +16,13 @@ centred image. The reconstruction term is normalised by v = E‖x − x̄‖²:
 
 which is the batch's fraction of variance unexplained; λ_t warms up from 0 to λ.
 
-A variant (one module each in this package) defines the code map ``code`` and the ``penalty``, and
-may add a loss term (``extra_loss``) or a hook run after its dead units are resampled
-(``after_resample``). Cross-cutting training behaviour lives in callbacks
-(``sae.models.guards``): the non-finite-loss guard reads the ``nonfinite_loss`` flag set here in
-every step, and the dead-unit resampler reads the tracker kept here (``samples_since_fired``,
-``dead_mask``), which AuxK also uses in the loss.
+This module is the inference model, a plain ``torch.nn.Module``: the code, the decoder and what a
+trained SAE is read through (``encode``, ``decode``, ``atoms``). A variant (one module each in
+this package) defines the code map ``code`` and the ``penalty``, and may add a loss term
+(``extra_loss``), its own optimiser groups (``param_groups``) or a hook run after its dead units
+are resampled (``after_resample``): the terms of its own objective, stated beside its code.
+How it is trained (the loss assembly, logging, the optimiser, the dead-unit tracker and the
+guards) is ``sae.training.module.SAETraining``, a LightningModule that holds one.
 """
 
 from __future__ import annotations
@@ -29,39 +30,37 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-import lightning.pytorch as L
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sae import metrics
-from sae.models.losses import column_norms, fvu_term
-from sae.models.schedules import lambda_at, lr_factor, resolve_steps
 from sae.settings.config import SAEConfig
 
-DIVERGED_FVU = 1e3  # a training batch's FVU above this stops training as a NaN does
 
-
-class SparseAutoencoder(L.LightningModule):
-    """Base SAE: shared encoder/decoder, loss assembly, validation statistics, optimiser.
+class SparseAutoencoder(nn.Module):
+    """Base SAE: the shared encoder and decoder; a variant adds its code map and penalty.
 
     Subclasses define ``code(a, x_centred) -> (h, extras)`` and ``penalty(h, extras) -> scalar``.
     Class attributes a variant may override: ``fire_threshold`` (a unit fires when its code is
-    above it), ``code_scale_is_data_norm`` (the decoder sees sqrt(v) · h) and
-    ``resample_encoder_scale`` (the encoder-row scale a resampled unit starts with).
+    above it), ``code_scale_is_data_norm`` (the decoder sees sqrt(v) · h),
+    ``resample_encoder_scale`` (the encoder-row scale a resampled unit starts with) and
+    ``unit_norm_decoder`` (training keeps W_dec's columns on the unit sphere).
+
+    ``settings`` is what the model was built from, ``{"config": {...}, "data_var": v}``: what a
+    checkpoint's ``hyper_parameters`` hold, and what ``sae.load`` reports.
     """
 
     fire_threshold: float = 0.0
     code_scale_is_data_norm: bool = False
     resample_encoder_scale: float = 0.2  # Anthropic's 0.2 suits ReLU codes; see SparsemaxSAE
+    unit_norm_decoder: bool = True
 
     def __init__(self, config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
                  init_inputs: Tensor | None = None):
         super().__init__()
         config = config.pinned()  # the checkpoint names the modes auto meant at training time
         self.config = config
-        self.save_hyperparameters({"config": asdict(config), "data_var": float(data_var)})
+        self.settings = {"config": asdict(config), "data_var": float(data_var)}
         D, H = config.input_dim, config.hidden
         self.register_buffer("data_var", torch.tensor(float(data_var)))
         code_scale = math.sqrt(data_var) if self.code_scale_is_data_norm else 1.0
@@ -80,10 +79,11 @@ class SparseAutoencoder(L.LightningModule):
         if config.arch == "mlp":
             self.enc_in = nn.Sequential(nn.Linear(D, width), nn.ReLU())
             self.dec_out = nn.Sequential(nn.ReLU(), nn.Linear(width, D))
-        # dead-unit tracking: this rank's training samples since each unit last fired (on device)
-        self.register_buffer("samples_since_fired", torch.zeros(H, dtype=torch.long))
-        # set in the step, read by sae.models.guards.NonFiniteLossGuard (a read is a host sync)
-        self.register_buffer("nonfinite_loss", torch.zeros((), dtype=torch.bool))
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model's tensors are on."""
+        return self.mean_image.device
 
     # ---- the model ------------------------------------------------------------------------
     def pre_activations(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -112,8 +112,13 @@ class SparseAutoencoder(L.LightningModule):
             out = self.dec_out(out)
         return out + self.b_dec
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, dict]:
-        """x [B, D] -> (x̂ [B, D], h [B, H], extras with the pre-activations a [B, H])."""
+    def forward(self, x: Tensor) -> Tensor:
+        """x [B, D] -> x̂ [B, D], the reconstruction."""
+        return self.forward_pass(x)[0]
+
+    def forward_pass(self, x: Tensor) -> tuple[Tensor, Tensor, dict]:
+        """x [B, D] -> (x̂ [B, D], h [B, H], extras with the pre-activations a [B, H]): one pass
+        giving what training and the measures read."""
         a, x_centred = self.pre_activations(x)
         h, extras = self.code(a, x_centred)
         extras["a"] = a
@@ -143,106 +148,22 @@ class SparseAutoencoder(L.LightningModule):
             zero = self.decode(torch.zeros(1, self.config.hidden, device=self.device))
             return (self.decode(eye) - zero).t()
 
-    # ---- losses ---------------------------------------------------------------------------
-    def recon_loss(self, x: Tensor, x_hat: Tensor) -> Tensor:
-        """Batch ‖x − x̂‖² / v, v = E‖x − x̄‖²: the batch's fraction of variance unexplained."""
-        return fvu_term(x, x_hat, self.data_var)
-
     def extra_loss(self, x: Tensor, x_hat: Tensor, h: Tensor, extras: dict) -> Tensor | None:
-        """A variant's additional loss term (not weighted by λ), or None."""
+        """A variant's additional loss term (not weighted by λ), or None. ``extras`` holds the
+        code's extras, the pre-activations ``a`` and this rank's ``dead`` units [H] bool."""
         return None
 
-    def lambda_now(self) -> float:
-        """λ_t: the penalty weight at this step, warmed up from 0 to λ."""
-        total = self.total_steps()
-        warm = resolve_steps(self.config.lambda_warmup, total)
-        return lambda_at(self.global_step, self.config.lam, warm, self.config.lambda_warmup_shape)
+    def set_progress(self, step: int, total: int) -> None:
+        """Told by the trainer before each step: a variant whose code follows a schedule (the
+        annealed α of ``EntmaxSAE``) reads it; a loaded model keeps the end of training."""
 
-    def total_steps(self) -> int:
-        """Optimiser steps this fit will take (1 when not fitting)."""
-        try:
-            return max(int(self.trainer.estimated_stepping_batches), 1)
-        except (RuntimeError, AttributeError):
-            return 1
+    def train_logs(self) -> dict[str, float | Tensor]:
+        """Values a variant adds to the training log (logged as ``train/<name>``)."""
+        return {}
 
-    # ---- training -------------------------------------------------------------------------
-    def training_step(self, batch, batch_idx: int) -> Tensor:
-        x = batch[0]
-        x_hat, h, extras = self(x)
-        recon = self.recon_loss(x, x_hat)
-        lam_t = self.lambda_now()
-        penalty = self.penalty(h, extras)
-        loss = recon + lam_t * penalty
-        aux = self.extra_loss(x, x_hat, h, extras)
-        if aux is not None:
-            loss = loss + aux
-        with torch.no_grad():
-            # a unit fired in this batch iff its largest code is above the threshold (a [H]
-            # reduction instead of a [B, H] mask; NaN codes, which stop training, differ)
-            fired = h.amax(0) > self.fire_threshold
-            self.samples_since_fired.add_(len(x)).masked_fill_(fired, 0)
-            # a NaN, or a blow-up that stays finite: the batch FVU far above that of x̂ = x̄ (1)
-            self.nonfinite_loss |= ~torch.isfinite(loss) | (recon > DIVERGED_FVU)
-        if self.logs_this_step():
-            active = metrics.active(h.detach(), self.fire_threshold)
-            self.log("train/loss", loss, prog_bar=True)
-            self.log("train/recon", recon)
-            self.log("train/penalty", penalty)
-            self.log("train/lambda", lam_t)
-            self.log("train/l0", active.sum(-1).float().mean(), prog_bar=True)
-            # over all DDP ranks (every rank logs on the same steps, so the collective matches)
-            self.log("train/dead_fraction", self.dead_mask().float().mean())
-            if aux is not None:
-                self.log("train/aux", aux)
-        return loss
-
-    def logs_this_step(self) -> bool:
-        """Whether the trainer writes this training step's logged values to its loggers.
-
-        Per-step values are only written every ``log_every_n_steps`` steps, and each ``self.log``
-        call costs about as much as a small SAE's forward pass, so the other steps skip them.
-        The rule is the one Lightning's logger connector applies after the step: the count of
-        optimiser steps taken so far plus one (this one) is a multiple of ``log_every_n_steps``,
-        or the trainer is about to stop; fast_dev_run writes every step.
-        """
-        try:
-            trainer = self.trainer
-        except RuntimeError:  # not attached to a trainer: a direct call, nothing to skip
-            return True
-        if trainer.fast_dev_run:
-            return True
-        every = trainer.log_every_n_steps
-        if every == 0:
-            return False
-        return (self.global_step + 1) % every == 0 or trainer.should_stop
-
-    def dead_mask(self, reduce: bool = True) -> Tensor:
-        """[H] bool: units that fired on none of the last ``dead_window`` training samples.
-
-        With ``reduce`` the count is taken over all DDP ranks (a collective: every rank must
-        call it); without, over this rank's samples, scaled as if all ranks saw the same.
-        """
-        since = self.samples_since_fired
-        world = 1
-        if reduce and dist.is_available() and dist.is_initialized():
-            since = since.clone()
-            dist.all_reduce(since, op=dist.ReduceOp.MIN)
-            world = dist.get_world_size()
-        return since * world >= self.config.dead_window
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # keep W_dec's columns on the unit sphere: drop the gradient's radial component
-        g = self.W_dec.grad
-        if g is not None:
-            # no_grad: otherwise the in-place update records a graph on .grad that chains every
-            # step's to the last one (memory grew by ~3 MB a step)
-            with torch.no_grad():  # g − W (Wᵀg per column), in place, without [D, H] temporaries
-                g.addcmul_(self.W_dec, torch.linalg.vecdot(g, self.W_dec, dim=0), value=-1)
-
-    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        optimizer.step(closure=optimizer_closure)
-        with torch.no_grad():
-            self.W_dec.div_(column_norms(self.W_dec).clamp_min_(1e-8))
+    def param_groups(self) -> list[dict]:
+        """The optimiser's parameter groups; a variant may give some parameters another lr."""
+        return [{"params": list(self.parameters())}]
 
     def after_resample(self, idx: Tensor, inputs: Tensor) -> None:
         """Hook for variants, run by the dead-unit resampler after it re-initialised units.
@@ -254,52 +175,3 @@ class SparseAutoencoder(L.LightningModule):
         """What a variant adds to a run's test results (``metrics.json``) besides the common
         measures: the state it learned that a reader compares across runs (none here)."""
         return {}
-
-    # ---- validation -----------------------------------------------------------------------
-    def on_validation_epoch_start(self) -> None:
-        H = self.config.hidden
-        self._val = {"sq_err": torch.zeros((), device=self.device, dtype=torch.float64),
-                     "sq_dev": torch.zeros((), device=self.device, dtype=torch.float64),
-                     "penalty": torch.zeros((), device=self.device, dtype=torch.float64),
-                     "l0": torch.zeros((), device=self.device, dtype=torch.float64),
-                     "n": torch.zeros((), device=self.device, dtype=torch.float64),
-                     "fires": torch.zeros(H, device=self.device, dtype=torch.float64)}
-
-    def validation_step(self, batch, batch_idx: int) -> dict:
-        x = batch[0]
-        x_hat, h, extras = self(x)
-        active = metrics.active(h, self.fire_threshold)
-        v = self._val
-        v["sq_err"] += (x - x_hat).pow(2).sum()
-        v["sq_dev"] += (x - self.mean_image).pow(2).sum()
-        v["penalty"] += self.penalty(h, extras).double() * len(x)
-        v["l0"] += active.sum()
-        v["n"] += len(x)
-        v["fires"] += active.sum(0)
-        return {"codes": h, "x_hat": x_hat, "active": active}
-
-    def on_validation_epoch_end(self) -> None:
-        v = {k: self.trainer.strategy.reduce(t, reduce_op="sum") for k, t in self._val.items()}
-        n = v["n"].clamp_min(1)
-        fvu = v["sq_err"] / v["sq_dev"].clamp_min(1e-12)
-        freq = v["fires"] / n
-        self.val_firing_counts = v["fires"]  # summed over ranks
-        # val/loss uses the full λ (not λ_t) so that "best" does not favour warm-up checkpoints
-        val_loss = v["sq_err"] / n / self.data_var + self.config.lam * v["penalty"] / n
-        self.log_dict({"val/loss": val_loss.float(), "val/fvu": fvu.float(),
-                       "val/mse": (v["sq_err"] / n / self.config.input_dim).float(),
-                       "val/l0": (v["l0"] / n).float(),
-                       "val/dead_fraction": (freq == 0).float().mean(),
-                       "val/dense_fraction": (freq > 0.5).float().mean()})
-
-    def param_groups(self) -> list[dict]:
-        """The optimiser's parameter groups; a variant may give some parameters another lr."""
-        return [{"params": list(self.parameters())}]
-
-    def configure_optimizers(self):
-        opt = torch.optim.Adam(self.param_groups(), lr=self.config.lr)
-        total = self.total_steps()
-        warm = resolve_steps(self.config.lr_warmup, total)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: lr_factor(step, warm, total, self.config.lr_decay))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

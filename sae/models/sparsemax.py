@@ -454,12 +454,17 @@ class EntmaxSAE(SparsemaxSAE):
         super().__init__(config, mean_image, data_var, init_inputs)
         self.entmax = EntmaxAlpha(alpha=config.alpha, learnable=config.alpha_mode == "learn",
                                   dim=-1, groups=config.groups)
+        self.progress = (1, 1)  # (step, steps of training): a model not training is at its end
+
+    def set_progress(self, step: int, total: int) -> None:
+        self.progress = (step, total)
 
     def current_alpha(self) -> float | Tensor:
-        """α now: the annealed value at this step, else the module's (learned or fixed) α."""
+        """α now: the annealed value at this step (the end of training, 2, when no trainer has
+        told the step: a loaded model), else the module's (learned or fixed) α."""
         if self.config.alpha_mode == "anneal":
-            half = self.total_steps() // 2
-            return anneal(self.global_step, self.config.alpha, 2.0, half)
+            step, total = self.progress
+            return anneal(step, self.config.alpha, 2.0, total // 2)
         return self.entmax.alpha
 
     def result_extras(self) -> dict[str, float]:
@@ -472,9 +477,6 @@ class EntmaxSAE(SparsemaxSAE):
             return entmax_alpha(a, self.current_alpha(), dim=-1, groups=self.config.groups)
         return self.entmax(a)
 
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        if self.logs_this_step():
-            alpha = self.current_alpha()
-            self.log("train/alpha", alpha.detach() if torch.is_tensor(alpha) else float(alpha))
-        return loss
+    def train_logs(self) -> dict[str, float | Tensor]:
+        alpha = self.current_alpha()
+        return {"alpha": alpha.detach() if torch.is_tensor(alpha) else float(alpha)}

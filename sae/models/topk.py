@@ -24,7 +24,7 @@ class TopKSAE(SparseAutoencoder):
     def extra_loss(self, x, x_hat, h, extras):
         if self.config.resolved_dead_guard() != "auxk":
             return None
-        dead = self.dead_mask(reduce=False)
+        dead = extras["dead"]  # this rank's dead units, from the training module
         if dead.device.type == "cpu" and not bool(dead.any()):
             # no dead unit: the term is zero with zero gradient, so skip its matrix products
             # (on an accelerator the test would be a host synchronisation: computed as below)

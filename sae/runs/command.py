@@ -235,9 +235,9 @@ def _written_by(e: BaseException, function) -> bool:
 
 def _train(config: RunConfig, out: Path, created: bool, primary: bool, say) -> int:
     from sae.data.images import DataSourceError
-    from sae.models import NonFiniteLossError
     from sae.training.checkpoints import CheckpointError, write_checkpoint
     from sae.training.engine import TrainingSetupError, train
+    from sae.training.guards import NonFiniteLossError
 
     try:
         trained = train(config)

@@ -108,7 +108,7 @@ class FigureCallback(L.Callback):
             "labels": labels.cpu().numpy(),
             "x": self._examples[0].float().cpu().numpy(),
             "x_hat": self._examples[1].float().cpu().numpy(),
-            "atoms": pl_module.atoms().float().cpu().numpy(),
+            "atoms": pl_module.sae.atoms().float().cpu().numpy(),
         }
         self._histograms(trainer)
         epoch = trainer.current_epoch

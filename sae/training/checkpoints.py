@@ -57,6 +57,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from sae.models import SparseAutoencoder, build_model
 from sae.settings.config import SAEConfig
 from sae.system.io import write_bytes
+from sae.training.module import SAETraining, model_state
 
 __all__ = ["CheckpointError", "LEGACY_ENV", "MAX_BYTES", "MAX_DEPTH", "MAX_ELEMENTS",
            "SafeCheckpointIO", "check_compatible", "checksum", "load_checkpoint",
@@ -243,11 +244,11 @@ def expected_state(config: dict, path: str | Path) -> dict[str, torch.Tensor]:
                               f"{settings.hidden}) would hold more than {MAX_ELEMENTS} weights")
     try:
         with torch.device("meta"):
-            model = build_model(settings, None, 1.0)
+            module = SAETraining(build_model(settings, None, 1.0))
     except (RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(f"checkpoint {path} has model settings this version cannot "
                               f"build ({' '.join(str(e).split())[:160]})") from None
-    return model.state_dict()
+    return module.state_dict()
 
 
 def _check_schema(state: dict, path: Path) -> None:
@@ -514,5 +515,5 @@ def model_from_checkpoint(state: dict) -> SparseAutoencoder:
     that also want its step or epoch read the file once)."""
     hp = state["hyper_parameters"]
     model = build_model(SAEConfig.from_dict(hp["config"]), data_var=hp["data_var"])
-    model.load_state_dict(state["state_dict"])
+    model.load_state_dict(model_state(state["state_dict"]))
     return model.eval()

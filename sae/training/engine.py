@@ -157,9 +157,10 @@ def train(config: RunConfig) -> Trained | None:
     from lightning.pytorch.loggers import CSVLogger
 
     from sae.data.matrixdata import train_moments
-    from sae.models import build_model, training_callbacks
     from sae.training import runfolder
     from sae.training.callbacks import EpochSeed, StopOnSignal, StopRequested
+    from sae.training.guards import training_callbacks
+    from sae.training.module import training_module
 
     out, sae, seed = Path(config.folder.out), config.sae, config.train.seed
     quiet_lightning()
@@ -177,7 +178,7 @@ def train(config: RunConfig) -> Trained | None:
         pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(seed))
         init_inputs = dm.train_x[pick[: sae.hidden]]
     try:
-        model = build_model(sae, mean, data_var, init_inputs)
+        module = training_module(sae, mean, data_var, init_inputs)
     except (RuntimeError, MemoryError) as e:
         raise TrainingSetupError(f"cannot build the model (--hidden {sae.hidden}): "
                                  f"{_one_line(e)}") from None
@@ -210,7 +211,7 @@ def train(config: RunConfig) -> Trained | None:
     trainer = build_trainer(config, out, steps_per_epoch, callbacks, loggers,
                             preloaded=(ckpt, state) if ckpt else None)
     state = None
-    fit_model = torch.compile(model) if config.hardware.compile else model
+    fit_model = torch.compile(module) if config.hardware.compile else module
     try:
         trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
                     weights_only=True)
@@ -234,7 +235,7 @@ def train(config: RunConfig) -> Trained | None:
         raise Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt
     if not trainer.is_global_zero:
         return None
-    return finish(config, model, dm, trainer, wall)
+    return finish(config, module.sae, dm, trainer, wall)
 
 
 def checked_resume(config: RunConfig):

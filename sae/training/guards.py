@@ -1,10 +1,11 @@
 """Lightning callbacks that guard an SAE's training: dead-unit resampling, the non-finite-loss stop.
 
-Both act on the model from outside its training step, so the model keeps only what its loss needs
-(the dead-unit tracker, which AuxK uses, and an on-device non-finite flag set in every step).
-``training_callbacks(config)`` lists the callbacks a configuration needs; add them to the Trainer::
+Both act on the training module (:class:`sae.training.module.SAETraining`) from outside its
+training step, which keeps only what its loss needs (the dead-unit tracker, which AuxK uses, and an
+on-device non-finite flag set in every step). ``training_callbacks(config)`` lists the callbacks a
+configuration needs; add them to the Trainer::
 
-    trainer = L.Trainer(..., callbacks=[*training_callbacks(model.config), ...])
+    trainer = L.Trainer(..., callbacks=[*training_callbacks(module.config), ...])
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from sae.models.base import SparseAutoencoder
 from sae.settings.config import SAEConfig
+from sae.training.module import SAETraining
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or infinite loss, or diverged (a batch FVU above
-    ``base.DIVERGED_FVU``); ``step`` is the step at which it was noticed."""
+    ``sae.training.module.DIVERGED_FVU``); ``step`` is the step at which it was noticed."""
 
     def __init__(self, step: int):
         super().__init__(f"non-finite or diverging loss at step {step}")
@@ -35,18 +36,19 @@ class NonFiniteLossError(RuntimeError):
 class NonFiniteLossGuard(L.Callback):
     """Stop training with ``NonFiniteLossError`` once a loss was not finite, before a checkpoint.
 
-    The model ORs ``~isfinite(loss)`` into its on-device buffer ``nonfinite_loss`` in each step;
-    reading it is a host synchronisation, cheap on a CPU but a stall on an accelerator, so it is
-    read after every step on CPU and every ``accelerator_every`` steps elsewhere. It is always read
-    at the end of a training epoch, before validation, and before any checkpoint is written, so
-    the last checkpoint on disk is one taken before the loss went bad.
+    The training module ORs ``~isfinite(loss)`` into its on-device buffer ``nonfinite_loss`` in
+    each step; reading it is a host synchronisation, cheap on a CPU but a stall on an
+    accelerator, so it is read after every step on CPU and every ``accelerator_every`` steps
+    elsewhere. It is always read at the end of a training epoch, before validation, and before
+    any checkpoint is written, so the last checkpoint on disk is one taken before the loss went
+    bad.
     """
 
     def __init__(self, accelerator_every: int = 50):
         self.accelerator_every = accelerator_every
 
     @staticmethod
-    def check(trainer: L.Trainer, pl_module: SparseAutoencoder) -> None:
+    def check(trainer: L.Trainer, pl_module: SAETraining) -> None:
         if bool(pl_module.nonfinite_loss):
             raise NonFiniteLossError(trainer.global_step)
 
@@ -77,11 +79,11 @@ class DeadUnitResampler(L.Callback):
         b_enc[j]    ← 0, then the variant's ``after_resample`` hook (Sparsemax: admission)
 
     and Adam's moments of the touched rows and columns are reset to zero, so stale momentum
-    does not push the new directions away. "Dead" is the model's ``dead_mask()`` (no firing over
-    its last ``dead_window`` training samples, over all ranks). Under DDP every rank takes the
-    same decision (a resampling happens only when every rank's batch gives usable weights) and
-    rank 0's new rows are broadcast, so the replicas stay identical. ``history`` records
-    (step, units resampled) for each resampling.
+    does not push the new directions away. "Dead" is the training module's ``dead_mask()`` (no
+    firing over its last ``dead_window`` training samples, over all ranks). Under DDP every rank
+    takes the same decision (a resampling happens only when every rank's batch gives usable
+    weights) and rank 0's new rows are broadcast, so the replicas stay identical. ``history``
+    records (step, units resampled) for each resampling.
     """
 
     def __init__(self, every: int, until: float = 1.0):
@@ -98,17 +100,18 @@ class DeadUnitResampler(L.Callback):
                 pl_module.log("train/resampled", float(n))
 
     @torch.no_grad()
-    def resample(self, model: SparseAutoencoder, x: Tensor,
+    def resample(self, module: SAETraining, x: Tensor,
                  optimizers: Iterable[torch.optim.Optimizer] = ()) -> int:
-        """Resample ``model``'s dead units from the inputs x [B, D]; return how many.
+        """Resample the dead units of ``module``'s model from the inputs x [B, D]; return how many.
 
         Adam moments are reset in each of ``optimizers`` that holds state for the parameters.
         Every DDP rank must call this at the same step (it runs collectives).
         """
-        dead = model.dead_mask()
+        model = module.sae
+        dead = module.dead_mask()
         if not dead.any() or model.config.arch != "linear":
             return 0
-        x_hat, _, _ = model(x)
+        x_hat = model(x)
         loss = (x - x_hat).pow(2).sum(-1)  # [B]
         weights = loss.pow(2)
         usable = bool(torch.isfinite(weights).all()) and bool(weights.sum() > 0)
@@ -135,7 +138,7 @@ class DeadUnitResampler(L.Callback):
                 dist.broadcast(p.data, src=0)
         reset_moments(optimizers, [(model.W_dec, (slice(None), idx)), (model.W_enc, idx),
                                    (model.b_enc, idx)])
-        model.samples_since_fired[idx] = 0
+        module.samples_since_fired[idx] = 0
         return n
 
 
