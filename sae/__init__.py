@@ -1,3 +1,24 @@
-"""sae: sparse autoencoders on images, compared by sparsity mechanism."""
+"""sae: sparse autoencoders on images and on any network's activations, compared by sparsity
+mechanism.
+
+    import sae
+
+    model = sae.load("runs/mnist-sparsemax")     # a run folder, checkpoint or exported folder
+    codes = model.encode(x)                      # x [B, D] -> codes [B, H]
+
+``sae.load``, ``sae.train`` and ``sae.export`` live in ``sae.api``.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["ExportError", "LoadError", "TrainingFailed", "export", "load", "train"]
+
+
+def __getattr__(name: str):
+    # deferred: the commands import this package first, and most (python -m sae.compare
+    # --help, the sweep's planning) need neither torch nor Lightning, which sae.api imports
+    if name in __all__:
+        import sae.api
+
+        return getattr(sae.api, name)
+    raise AttributeError(f"module 'sae' has no attribute {name!r}")

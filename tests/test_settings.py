@@ -131,9 +131,9 @@ def test_a_run_config_is_typed_sections_built_once_and_checked():
 
 
 def test_no_module_below_the_entry_point_imports_it():
-    """Only sae.run itself and the sweep worker (which runs sae.run's main in its own process,
-    as ``python -m sae.run`` would) import sae.run; the settings, checks and process helpers it
-    uses live below it."""
+    """Only sae.run itself, sae.train and the sweep worker (which runs sae.run's main in its own
+    process, as ``python -m sae.run`` would) import sae.run; the settings, checks and process
+    helpers it uses live below it."""
     import ast
     from pathlib import Path
 
@@ -151,4 +151,5 @@ def test_no_module_below_the_entry_point_imports_it():
                 continue
             if any(n == "sae.runs.command" or n.startswith("sae.runs.command.") for n in names):
                 importers.add(path.relative_to(root).as_posix())
-    assert importers == {"run.py", "sweep/worker.py"}  # the entry point and the worker
+    # the entry point, the worker, and sae.train (the same command, called from Python)
+    assert importers == {"run.py", "sweep/worker.py", "api/train.py"}
