@@ -37,16 +37,16 @@ WRITTEN = {MARKER, "classifier.pt", "dataset.json", *(f"{name}.npy" for name in 
 
 
 def build_classifier(arch: str):
-    """The classifier as a list of stages; stage i's output is hidden layer i + 1, the last
-    stage gives the 10 logits."""
+    """The classifier as a sequence of stages; stage i's output is hidden layer i + 1, the last
+    stage gives the 10 logits (so ``--hook <i>`` of it is hidden layer i + 1)."""
     from torch import nn
 
     if arch == "mlp":
-        return nn.ModuleList([
+        return nn.Sequential(*[
             nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU()),
             nn.Sequential(nn.Linear(512, 256), nn.ReLU()),
             nn.Linear(256, 10)])
-    return nn.ModuleList([
+    return nn.Sequential(*[
         nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 16, 3), nn.ReLU(),
                       nn.MaxPool2d(2)),                                # 16 x 13 x 13
         nn.Sequential(nn.Conv2d(16, 32, 3), nn.ReLU(), nn.MaxPool2d(2)),  # 32 x 5 x 5
@@ -88,12 +88,18 @@ def train_classifier(arch: str, train_x, train_y, epochs: int, seed: int, batch_
 
 
 def activations(stages, x, layer: int, batch_size: int = 1000):
-    """Hidden layer ``layer``'s flattened activations on ``x``, [N, D] float32."""
+    """Hidden layer ``layer``'s flattened activations on ``x``, [N, D] float32: read with a
+    forward hook on stage ``layer`` while the classifier runs, as ``--source`` reads any model's
+    layer (:class:`sae.data.streamed.LayerReader`)."""
     import torch
+    from torch.utils.data import TensorDataset
 
-    with torch.no_grad():
-        return torch.cat([forward(stages, x[i:i + batch_size], upto=layer)
-                          for i in range(0, len(x), batch_size)])
+    from sae.data.streamed import LayerReader
+
+    reader = LayerReader(stages, stages[layer - 1])
+    inputs = TensorDataset(x)
+    return torch.cat([reader.rows(inputs, range(i, min(i + batch_size, len(x))))[0]
+                      for i in range(0, len(x), batch_size)])
 
 
 def accuracy(stages, x, y) -> float:

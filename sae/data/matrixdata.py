@@ -38,7 +38,7 @@ import torch
 from sae.data.images import EpochShuffle, IndexedLoaders
 from sae.data.matrix import MatrixData, MatrixError, describe, load_data, manifest_name
 
-__all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "Truth", "checked", "data_module",
+__all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "TrainMoments", "Truth", "checked",
            "data_name", "streamed_moments", "streamed_pca"]
 
 BLOCK_BYTES = 64 << 10  # consecutive bytes of training rows one block of the order holds
@@ -205,7 +205,22 @@ def streamed_pca(rows, max_rows: int = PCA_ROWS, block: int = 8192):
     return principal_components(x)
 
 
-class MatrixDataModule(IndexedLoaders, L.LightningDataModule):
+class TrainMoments:
+    """``train_mean`` and ``train_variance`` of a data module whose ``_moments()`` gives them
+    (computed once, from its training rows)."""
+
+    @property
+    def train_mean(self) -> torch.Tensor:
+        """Mean training row [D]: the decoder-bias init and the x̄ of fvu."""
+        return self._moments()[0]
+
+    @property
+    def train_variance(self) -> float:
+        """E‖x − x̄‖² over the training rows: the loss's normaliser."""
+        return self._moments()[1]
+
+
+class MatrixDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
     """Train / validation / test splits of an activation matrix (see the module docstring)."""
 
     def __init__(self, path: str | Path, batch_size: int = 256, val_size: int = 5000,
@@ -286,16 +301,6 @@ class MatrixDataModule(IndexedLoaders, L.LightningDataModule):
             self._mean = streamed_moments(self.train_x)
         return self._mean
 
-    @property
-    def train_mean(self) -> torch.Tensor:
-        """Mean training row [D]: the decoder-bias init and the x̄ of fvu."""
-        return self._moments()[0]
-
-    @property
-    def train_variance(self) -> float:
-        """E‖x − x̄‖² over the training rows: the loss's normaliser."""
-        return self._moments()[1]
-
     def train_pca(self):
         """The adaptivity measure's reference: :func:`streamed_pca` of the training split."""
         if self._pca is None:
@@ -311,24 +316,6 @@ class MatrixDataModule(IndexedLoaders, L.LightningDataModule):
 def train_moments(dm) -> tuple[torch.Tensor, float]:
     """(mean training row, E‖x − x̄‖²) of either data module."""
     return dm.train_mean, dm.train_variance
-
-
-def data_module(settings: dict, **extra):
-    """The data module of a run's flat settings (``{field name: value}``, as
-    :meth:`sae.settings.config.RunConfig.settings` or a ``config.yaml`` gives them): the activation
-    matrix
-    of ``data`` when given, else the image dataset (``dataset``, ``data_dir``); split settings as
-    the run has them, ``extra`` passed on (batch_size, shuffle_seed)."""
-    from sae.data.images import ImageDataModule
-
-    get = settings.get
-    if get("data"):
-        return MatrixDataModule(get("data"), val_size=get("val_size", 5000),
-                                limit_train=get("limit_train"), limit_test=get("limit_test"),
-                                data_dir=get("data_dir"), **extra)
-    return ImageDataModule(get("dataset", "mnist"), get("data_dir"),
-                           val_size=get("val_size", 5000), limit_train=get("limit_train"),
-                           limit_test=get("limit_test"), **extra)
 
 
 def drop_cache(path: str | Path) -> None:

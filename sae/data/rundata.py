@@ -131,6 +131,9 @@ def check_data(config: RunConfig) -> dict | None:
     out, resume, data = Path(config.folder.out), config.folder.resume, config.data.data
     recorded = read_record(out) if resume is not None else None
     if not data:
+        if recorded is not None and recorded.get("streamed"):
+            raise UsageError(f"cannot resume {out}: it was trained on a model's layer; give "
+                             f"--source {recorded.get('source')} --hook {recorded.get('hook')}")
         if recorded is not None:
             raise UsageError(f"cannot resume {out}: it was trained on --data "
                              f"{recorded.get('source')}; give that file, not images")

@@ -112,6 +112,14 @@ def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     if config.folder.resume == "last":
         runfolder.check_resume(config.folder.out)
     check_devices(config, on_stop)
+    if config.data.source:  # the model's layer: opened and read once, before the folder
+        with _importing(on_stop):
+            from sae.data.streamed import check_source
+        explicit = "source" in vars(build_parser(suppress=True).parse_args(argv))
+        record = check_source(config, explicit)
+        config.sae.input_dim = record["width"]
+        check_model(config.sae)
+        return config, record
     if not config.data.data:
         check_data(config)  # a resumed --data run needs its data
         check_split(config.settings())  # from the training file's header

@@ -395,7 +395,10 @@ def _check_paths(settings: dict) -> None:
 
 
 def _data_label(settings: dict) -> str:
-    """What a default run folder is named after: the --data file's stem, else the dataset."""
+    """What a default run folder is named after: the --data file's stem, the --hook of a
+    --source, else the dataset."""
+    if settings.get("source"):
+        return "".join(c if c.isalnum() or c in "-_" else "-" for c in str(settings["hook"]))
     return Path(settings["data"]).stem if settings.get("data") else settings["dataset"]
 
 
@@ -515,6 +518,13 @@ def check_run(config: RunConfig) -> None:
     folder, hardware = config.folder, config.hardware
     if folder.resume is not None and folder.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    data = config.data
+    if (data.source is None) != (data.hook is None):
+        raise UsageError("--source and --hook go together: the model and the layer of it to "
+                         "read")
+    if data.source is not None and data.data is not None:
+        raise UsageError("--source and --data exclude each other: stream a model's layer, or "
+                         "read a matrix")
     data_dir = config.data.data_dir
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UsageError(f"--data-dir {data_dir} is not a folder")

@@ -333,6 +333,13 @@ class DataConfig:
                                ".npy matrix or a .json manifest of splits, labels and how to "
                                "show each row (see docs/own-data.md)",
                                nullable=True)
+    source: str | None = setting(None, "a PyTorch model's layer to train on while the model "
+                                 "runs: pkg.module:factory, factory() returning (model, dataset) "
+                                 "(see docs/library.md); needs --hook", nullable=True)
+    hook: str | None = setting(None, "the layer of --source, named as model.named_modules() "
+                               "names it", nullable=True)
+    buffer_rows: int = setting(8192, "--source: inputs the model runs on at once, a chunk of the "
+                               "epoch's shuffled order (memory holds one chunk of rows)", low=1)
     data_dir: str | None = setting(None, "folder with the IDX files (default: $SAE_DATA_DIR, "
                                    "torchvision's cache, then download)", nullable=True)
     val_size: int = setting(5000, "validation images carved from train (fixed split seed)",

@@ -49,7 +49,7 @@ class DataCache:
     def get(self, settings: dict):
         """The set-up data module of a run's settings (dataset or data file, folder, split
         sizes): ``sae.data.matrixdata.data_module``."""
-        from sae.data.matrixdata import data_module
+        from sae.data.modules import data_module
 
         key = tuple(settings.get(k) for k in ("dataset", "data", "data_dir", "val_size",
                                               "limit_train", "limit_test"))

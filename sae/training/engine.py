@@ -203,7 +203,8 @@ def train(config: RunConfig) -> Trained | None:
 
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
                                         class_names=dm.class_names,
-                                        images=not config.data.data, announce=status))
+                                        images=not (config.data.data or config.data.source),
+                                        announce=status))
     callbacks.append(stop)  # last: a step's end includes the other callbacks' work
     loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
     steps_per_epoch = math.ceil(len(dm.train_x) / config.train.batch_size)
@@ -262,14 +263,16 @@ def load_data(config: RunConfig):
     """The run's data module, loaded and checked (at least 2 images, not all the same)."""
     from sae.data.images import DataSourceError
     from sae.data.matrix import MatrixError
-    from sae.data.matrixdata import data_module, train_moments
+    from sae.data.matrixdata import train_moments
+    from sae.data.modules import data_module
+    from sae.data.streamed import SourceError
 
     dm = data_module(config.settings(), batch_size=config.train.batch_size,
                      shuffle_seed=config.train.seed)
-    what = "rows" if config.data.data else "images"
+    what = "rows" if config.data.data or config.data.source else "images"
     try:
         dm.load()
-    except MatrixError as e:
+    except (MatrixError, SourceError) as e:
         raise DataSourceError(str(e)) from None
     if len(dm.train_x) < 2:
         raise DataSourceError(f"training needs at least 2 {what}, got {len(dm.train_x)} "

@@ -392,9 +392,13 @@ class RunFolder:
         """The data module of the run's data (its images or ``--data`` activations, with the
         run's splits), not yet loaded; ``data_dir``: the folder of the images, instead of the
         run's."""
-        from sae.data.matrixdata import data_module  # deferred: numpy and torch
+        from sae.data.modules import data_module  # deferred: numpy and torch
 
         settings = self.settings()
+        if settings.get("source"):  # config.yaml may name a module: never imported from here
+            raise RunFolderError(f"{self.path} trained on a model's layer (--source "
+                                 f"{settings['source']}); its data is that model's, read only "
+                                 "while it trains (its pages are written then)")
         if data_dir is not None:
             settings["data_dir"] = data_dir
         return data_module(settings)
