@@ -97,10 +97,13 @@ figcaption { color: #555; font-size: 0.9rem; }
 code { background: #f4f4f4; padding: 0 0.2rem; }
 """
 
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                          lstrip_blocks=True, keep_trailing_newline=True)
+# the one template environment of every page: autoescaped, a missing value an error; file
+# templates (the feature browser's) are found in their package
+ENV = jinja2.Environment(loader=jinja2.PackageLoader("sae.pages", "features/templates"),
+                         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                         lstrip_blocks=True, keep_trailing_newline=True)
 
-_PAGE = _ENV.from_string("""\
+_PAGE = ENV.from_string("""\
 <!DOCTYPE html>
 <html lang="en">
 <head>
@@ -128,7 +131,7 @@ _PAGE = _ENV.from_string("""\
 </html>
 """)
 
-_TABLE = _ENV.from_string(
+_TABLE = ENV.from_string(
     '<div class="scroll{% if wide %} wide{% endif %}">'
     '<table{% if stack %} class="stack"{% endif %}>'
     '<tr class="head">{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'

@@ -153,16 +153,13 @@ def train(config: RunConfig) -> Trained | None:
     """
     import lightning.pytorch as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+    from lightning.pytorch.callbacks import Timer
     from lightning.pytorch.loggers import CSVLogger
 
-    from sae.data.matrixdata import train_moments
     from sae.training import runfolder
-    from sae.training.callbacks import EpochSeed, StopOnSignal, StopRequested
-    from sae.training.guards import training_callbacks
-    from sae.training.module import training_module
+    from sae.training.callbacks import StopOnSignal, StopRequested
 
-    out, sae, seed = Path(config.folder.out), config.sae, config.train.seed
+    out, seed = Path(config.folder.out), config.train.seed
     quiet_lightning()
     L.seed_everything(seed, workers=True, verbose=False)
 
@@ -172,40 +169,14 @@ def train(config: RunConfig) -> Trained | None:
     ckpt, state, start_step, legacy_seconds = checked_resume(config)
 
     dm = load_data(config)
-    mean, data_var = train_moments(dm)
-    init_inputs = None
-    if sae.resolved_init() == "data":  # seeded: the same images for the same --seed
-        pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(seed))
-        init_inputs = dm.train_x[pick[: sae.hidden]]
-    try:
-        module = training_module(sae, mean, data_var, init_inputs)
-    except (RuntimeError, MemoryError) as e:
-        raise TrainingSetupError(f"cannot build the model (--hidden {sae.hidden}): "
-                                 f"{_one_line(e)}") from None
+    module = new_module(config, dm)
 
     if is_primary_process():
         os.environ[SESSION_ENV] = runfolder.new_session(out, start_step)
     session = os.environ.get(SESSION_ENV, "session_0")
     last = out / "checkpoints" / "last.ckpt"
     timer, stop = Timer(), StopOnSignal(last)
-    callbacks = [
-        ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
-                        mode="min", save_top_k=1, enable_version_counter=False),
-        # a true last.ckpt after every validation, whether or not it improved
-        ModelCheckpoint(dirpath=out / "checkpoints", filename="last", monitor=None,
-                        save_top_k=1, enable_version_counter=False),
-        timer,
-        EpochSeed(seed),  # an epoch's randomness does not depend on a resume
-        *training_callbacks(sae),
-    ]
-    if not config.output.no_figures:
-        from sae.training.callbacks import FigureCallback
-
-        callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
-                                        class_names=dm.class_names,
-                                        images=not (config.data.data or config.data.source),
-                                        announce=status))
-    callbacks.append(stop)  # last: a step's end includes the other callbacks' work
+    callbacks = [*run_callbacks(config, dm, timer), stop]  # stop last: after the others' work
     loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
     steps_per_epoch = math.ceil(len(dm.train_x) / config.train.batch_size)
     # the checkpoint read and checked above is the one Lightning restores: not read twice
@@ -237,6 +208,57 @@ def train(config: RunConfig) -> Trained | None:
     if not trainer.is_global_zero:
         return None
     return finish(config, module.sae, dm, trainer, wall)
+
+
+def new_module(config: RunConfig, dm):
+    """The training module of a new model of ``config`` for the data ``dm``: its decoder bias
+    and loss normaliser from the training rows, its decoder columns seeded from them with
+    ``init: data`` (the same rows for the same --seed)."""
+    import torch
+
+    from sae.data.matrixdata import train_moments
+    from sae.training.module import training_module
+
+    sae, seed = config.sae, config.train.seed
+    mean, data_var = train_moments(dm)
+    init_inputs = None
+    if sae.resolved_init() == "data":
+        pick = torch.randperm(len(dm.train_x), generator=torch.Generator().manual_seed(seed))
+        init_inputs = dm.train_x[pick[: sae.hidden]]
+    try:
+        return training_module(sae, mean, data_var, init_inputs)
+    except (RuntimeError, MemoryError) as e:
+        raise TrainingSetupError(f"cannot build the model (--hidden {sae.hidden}): "
+                                 f"{_one_line(e)}") from None
+
+
+def run_callbacks(config: RunConfig, dm, timer) -> list:
+    """The fit's callbacks but the stop on a signal: checkpoints (best and a true last after
+    every validation), ``timer``, the epoch seed, the model's guards and the figures."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from sae.training.callbacks import EpochSeed
+    from sae.training.guards import training_callbacks
+
+    out = Path(config.folder.out)
+    callbacks = [
+        ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
+                        mode="min", save_top_k=1, enable_version_counter=False),
+        # a true last.ckpt after every validation, whether or not it improved
+        ModelCheckpoint(dirpath=out / "checkpoints", filename="last", monitor=None,
+                        save_top_k=1, enable_version_counter=False),
+        timer,
+        EpochSeed(config.train.seed),  # an epoch's randomness does not depend on a resume
+        *training_callbacks(config.sae),
+    ]
+    if not config.output.no_figures:
+        from sae.training.callbacks import FigureCallback
+
+        callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
+                                        class_names=dm.class_names,
+                                        images=not (config.data.data or config.data.source),
+                                        announce=status))
+    return callbacks
 
 
 def checked_resume(config: RunConfig):

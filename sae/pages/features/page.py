@@ -19,12 +19,11 @@ import io
 import math
 from collections.abc import Sequence
 
-import jinja2
 import numpy as np
 from markupsafe import Markup
 from markupsafe import escape as esc
 
-from sae.pages.html import PAGE_CSS, inline_png
+from sae.pages.html import ENV, PAGE_CSS, inline_png
 
 __all__ = ["ATTRIBUTION_BUDGET", "render_features_page"]
 
@@ -37,12 +36,6 @@ _ATTR_LEVELS = 11  # colours of the attribution sprite (4-bit PNG; odd, so 0 is 
 # attribution tiles drawn on one page at most (each unit gets the same share, its strongest
 # inputs first): the sprite's size grows with units x inputs, unlike the shared input sprite
 ATTRIBUTION_BUDGET = 9_000
-
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sae.pages.features", "templates"),
-                          autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                          lstrip_blocks=True)
-
-
 
 
 def _sprite_png(tiles: np.ndarray, palette: Sequence[int]) -> tuple[bytes, int]:
@@ -414,7 +407,7 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
                     f"correctly; each unit lists the classes its weights favour (per standard "
                     f"deviation of the unit).")
     embedding = inline_png(embedding_png, "code embedding by class") if embedding_png else None
-    return _ENV.get_template("features.html.j2").render(
+    return ENV.get_template("features.html.j2").render(
         title=title, subtitle=subtitle, summary=summary, base_css=Markup(PAGE_CSS),
         sprite_css=Markup(css), report=None if report is None else
         {"href": report[0], "exists": report[1]},
