@@ -169,3 +169,29 @@ def test_the_command_streams_and_resumes_only_with_its_source_named(tmp_path, da
                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert rebuild.returncode != 0 and rebuild.stderr.startswith("error: ")
     assert len(rebuild.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_ddp_on_cpu_streams_each_share_and_matches_one_process(tmp_path, data_dir, monkeypatch):
+    (tmp_path / "mysource.py").write_text(SOURCE_MODULE)
+    env = {**cli_env(tmp_path, data_dir), "PYTHONPATH": str(tmp_path)}
+    out = tmp_path / "ddp"
+    result = subprocess.run([sys.executable, "-m", "sae.run", "--source", "mysource:factory",
+                             "--hook", "2", "--hidden", "16", "--val-size", "100",
+                             "--max-steps", "6", "--devices", "2", "--strategy", "ddp",
+                             "--accelerator", "cpu", "--no-figures", "--no-features",
+                             "--no-report", "--progress", "off", "--out", str(out)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the last validation, over both ranks' shares, is the model's on every validation row
+    import pandas as pd
+
+    history = pd.read_csv(out / "metrics.csv").dropna(subset=["val/l0"]).iloc[-1]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dm = StreamedDataModule("mysource:factory", "2", val_size=100)
+    dm.setup()
+    model = sae.load(out)
+    with torch.no_grad():
+        codes = model.encode(dm.val_x)
+    assert float((codes > 0).sum(-1).float().mean()) == pytest.approx(history["val/l0"],
+                                                                      rel=1e-4)
