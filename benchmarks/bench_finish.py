@@ -45,7 +45,7 @@ def main() -> None:
     from sae.figures.embedding import embed_codes, embed_many
     from sae.pages.features.build import write_features
     from sae.pages.report import write_report
-    from sae.runs import command as sae_run
+    from sae.runner import command as sae_run
     from sae.training import runfolder
     from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
     from sae.training.evaluate import evaluate

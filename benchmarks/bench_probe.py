@@ -113,7 +113,7 @@ def features(args, dm: ImageDataModule) -> tuple[torch.Tensor, torch.Tensor, str
     if args.pixels:
         return dm.train_x, dm.test_x, f"{args.dataset} pixels"
     if args.run is None:
-        from sae.runs.command import main as run_main
+        from sae.runner.command import main as run_main
 
         folder = Path(tempfile.mkdtemp(prefix="bench-probe-")) / "run"
         argv = ["--model", args.model, "--k", str(args.k), "--lambda", str(args.lam),

@@ -1,7 +1,7 @@
-"""``python -m sae.run``: train one SAE. The command is :mod:`sae.runs.command`; this module keeps
+"""``python -m sae.run``: train one SAE. The command is :mod:`sae.runner.command`; this module keeps
 its name."""
 
-from sae.runs.command import as_command, main
+from sae.runner.command import as_command, main
 
 __all__ = ["main"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from cli_helpers import QUICK
 
-from sae.runs import command as sae_run
+from sae.runner import command as sae_run
 from sae.training import runfolder
 from sae.training.checkpoints import checksum
 

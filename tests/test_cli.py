@@ -39,7 +39,7 @@ def test_help_shows_defaults(tmp_path, data_dir):
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, data_dir, args, capsys, monkeypatch):
     # in-process, as the command runs it (the subprocess case below checks the imports)
-    from sae.runs import command as run
+    from sae.runner import command as run
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SAE_RUN_DIR", raising=False)

@@ -39,10 +39,10 @@ def _process_state(monkeypatch):
 def _imported():
     """torch and Lightning imported before any case is measured (their import is not it)."""
     import sae.data.matrixdata
-    import sae.runs.command
+    import sae.runner.command
     import sae.sweep.command
 
-    sae.runs.command._import_training()
+    sae.runner.command._import_training()
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def no_warnings_and_no_hang(seconds: int = 60, strict: bool = True):
 def refused(argv, capsys, *words, module: str = "run", strict: bool = True) -> str:
     """``python -m sae.<module> argv`` in this process: exit 2, one ``error:`` line holding
     ``words``, in bounded time and Python memory, with no warning printed."""
-    from sae.runs.command import main as run
+    from sae.runner.command import main as run
     from sae.sweep.command import main as compare
 
     tracemalloc.start()

@@ -27,7 +27,7 @@ from hostile_helpers import (
 )
 
 from sae.pages import gallery, report
-from sae.runs import command as sae_run
+from sae.runner import command as sae_run
 from sae.settings.cli import UsageError
 from sae.sweep import analysis, launch, spec
 from sae.sweep import command as compare

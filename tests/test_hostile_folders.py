@@ -20,7 +20,7 @@ from cli_helpers import QUICK
 
 from sae.data import layer, matrix
 from sae.pages import gallery
-from sae.runs import command as sae_run
+from sae.runner import command as sae_run
 from sae.settings.cli import run_config, write_config
 from sae.system.process import RUN_DIR_ENV
 from sae.training import runfolder

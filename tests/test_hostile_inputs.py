@@ -49,7 +49,7 @@ def one_line(err: str, limit: int = 1000) -> str:
 
 
 def run(argv, capsys) -> tuple[int, str]:
-    from sae.runs.command import main
+    from sae.runner.command import main
 
     code = main([str(a) for a in argv])
     return code, capsys.readouterr().err

@@ -16,7 +16,7 @@ import lightning.pytorch as L
 import pytest
 from cli_helpers import cli_env
 
-from sae.runs import command as sae_run
+from sae.runner import command as sae_run
 from sae.training import runfolder
 from sae.training.checkpoints import read_checkpoint
 
@@ -30,7 +30,7 @@ TINY = ["--model", "l1", "--hidden", "32", "--limit-train", "1024", "--batch-siz
 
 @pytest.fixture
 def in_process(monkeypatch):
-    """sae.runs.command.main in this process, its environment and signal handlers restored after."""
+    """sae.runner.command.main in this process; its environment and signal handlers restored."""
     for name in ("SAE_RUN_DIR", "SAE_SESSION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SAE_DATA_DIR", os.environ.get("SAE_DATA_DIR", ""))

@@ -302,7 +302,7 @@ def toy_variant():
 def test_a_model_registered_in_the_registry_alone_parses_and_trains(toy_variant, data_dir,
                                                                     tmp_path, monkeypatch):
     from sae.pages.report import relevant_settings
-    from sae.runs import command as run
+    from sae.runner import command as run
     from sae.settings.cli import build_parser
     from sae.training import runfolder
 

@@ -17,7 +17,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from test_browser import driver  # noqa: F401 (the headless Chromium fixture)
 
 from sae.data import matrix
-from sae.runs import command as sae_run
+from sae.runner import command as sae_run
 from sae.system.process import RUN_DIR_ENV
 
 TINY = ["--hidden", "16", "--max-steps", "40", "--batch-size", "64", "--val-size", "100",
@@ -32,7 +32,7 @@ def low_rank(n: int, d: int, seed: int = 0) -> np.ndarray:
 
 
 def main(argv) -> int:
-    """``sae.runs.command.main`` in this process, leaving the environment as it was."""
+    """``sae.runner.command.main`` in this process, leaving the environment as it was."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(RUN_DIR_ENV, "")
         mp.delenv(RUN_DIR_ENV)

@@ -149,7 +149,7 @@ def test_no_module_below_the_entry_point_imports_it():
                 names = [a.name for a in node.names]
             else:
                 continue
-            if any(n == "sae.runs.command" or n.startswith("sae.runs.command.") for n in names):
+            if any(n == "sae.runner.command" or n.startswith("sae.runner.command.") for n in names):
                 importers.add(path.relative_to(root).as_posix())
     # the entry point, the worker, and sae.train (the same command, called from Python)
     assert importers == {"run.py", "sweep/worker.py", "api/train.py"}

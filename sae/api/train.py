@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 
 from sae.data.streamed import register_python_source, release_python_source
-from sae.runs.command import main  # the command itself: one code path for both
+from sae.runner.command import main  # the command itself: one code path for both
 from sae.settings.cli import SETTINGS, UsageError, run_config, to_argv
 from sae.settings.config import RunConfig
 from sae.training.runfolder import release

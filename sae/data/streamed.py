@@ -25,7 +25,6 @@ inputs that are images (``[h, w]`` or ``[1, h, w]``) are shown in the feature br
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass
 
 import lightning.pytorch as L
@@ -210,7 +209,7 @@ class StreamedRows:
                  sampler: BufferedShuffle, chunk: int):
         self.reader, self.dataset, self.index = reader, dataset, np.asarray(index)
         self.width, self.sampler, self.chunk = width, sampler, max(1, int(chunk))
-        self._key = None
+        self._key, self._order = None, np.zeros(0, dtype=np.int64)  # the chunk's positions
         self._slot = np.full(len(self.index), -1, dtype=np.int64)  # position -> row of block
         self._block = torch.zeros(0, width)
         self._ahead = None  # (key, future) of the chunk computed in the background
@@ -252,7 +251,7 @@ class StreamedRows:
         if where is None or where == self._key:
             return
         epoch, start = where
-        self._slot[self._slot >= 0] = -1  # the previous chunk is dropped first
+        self._slot[self._order] = -1  # the previous chunk is dropped first
         self._block = torch.zeros(0, self.width)
         if self._ahead is not None and self._ahead[0] == where:
             order, block = self._ahead[1].result()
@@ -261,7 +260,7 @@ class StreamedRows:
                                                                           self.chunk])
         self._ahead = None
         self._slot[order] = np.arange(len(order))
-        self._key, self._block = where, block
+        self._key, self._order, self._block = where, order, block
         following = start + self.chunk
         if following < len(self.index):  # the next chunk of this epoch, while this one trains
             from concurrent.futures import ThreadPoolExecutor
@@ -269,11 +268,6 @@ class StreamedRows:
             self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="sae-source")
             order = self.sampler.epoch_order(epoch)[following:following + self.chunk].copy()
             self._ahead = ((epoch, following), self._pool.submit(self._compute, order))
-
-    def blocks(self, rows: int):
-        for start in range(0, len(self), rows):
-            yield self[start:start + rows]
-
 
 class BufferedShuffle(EpochShuffle):
     """:class:`EpochShuffle` that also tells where a position falls in the epoch's order, so the
@@ -453,13 +447,6 @@ def _device_of(model: nn.Module) -> torch.device:
     for tensor in (*model.parameters(), *model.buffers()):
         return tensor.device
     return torch.device("cpu")
-
-
-def describe(dm: StreamedDataModule) -> dict:
-    """What ``data.json`` records of a streamed run: checked on resume."""
-    return {"source": dm.source, "hook": dm.hook, "train": {"shape": list(dm.train_x.shape)},
-            "test": {"shape": list(dm.test_x.shape)}, "streamed": True,
-            "buffer_rows": dm.buffer_rows, "chunks": math.ceil(len(dm.train_x) / dm.buffer_rows)}
 
 
 def check_source(config, explicit: bool) -> dict:

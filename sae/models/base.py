@@ -54,6 +54,7 @@ class SparseAutoencoder(nn.Module):
     code_scale_is_data_norm: bool = False
     resample_encoder_scale: float = 0.2  # Anthropic's 0.2 suits ReLU codes; see SparsemaxSAE
     unit_norm_decoder: bool = True
+    needs_dead_units: bool = False  # extra_loss reads extras["dead"] (AuxK)
 
     def __init__(self, config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
                  init_inputs: Tensor | None = None):
@@ -150,7 +151,8 @@ class SparseAutoencoder(nn.Module):
 
     def extra_loss(self, x: Tensor, x_hat: Tensor, h: Tensor, extras: dict) -> Tensor | None:
         """A variant's additional loss term (not weighted by λ), or None. ``extras`` holds the
-        code's extras, the pre-activations ``a`` and this rank's ``dead`` units [H] bool."""
+        code's extras, the pre-activations ``a`` and, for a variant with ``needs_dead_units``,
+        this rank's ``dead`` units [H] bool."""
         return None
 
     def set_progress(self, step: int, total: int) -> None:

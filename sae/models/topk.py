@@ -15,6 +15,8 @@ class TopKSAE(SparseAutoencoder):
     dead units receive gradient.
     """
 
+    needs_dead_units = True
+
     def code(self, a, x_centred):
         return topk_relu(a, self.config.k), {}
 

@@ -7,7 +7,7 @@ A sweep instead keeps one worker per job slot (:class:`Worker`, started by
 
     {"argv": [...sae.run flags, --out included...], "log": "<path>", "analyse": true}
 
-and trains each with ``sae.runs.command.main(argv)``, in this process, with its stdout and stderr
+and trains each with ``sae.runner.command.main(argv)``, in this process, with its stdout and stderr
 (file descriptors 1 and 2, so Lightning's and C-level output too) appended to the run's log. Each
 run is exactly what ``python -m sae.run ARGV`` would do: same settings layer, same seed handling
 (``seed_everything`` at the start of every run), same run folder, checkpoints and exit codes. With
@@ -62,7 +62,7 @@ def _folder_of(argv: list[str]) -> Path | None:
 
 def run_job(job: dict, data) -> dict:
     """Train (and analyse) one run in this process; returns the answer to send back."""
-    from sae.runs import command as run
+    from sae.runner import command as run
     from sae.sweep.launch import open_log
     from sae.training import runfolder
 

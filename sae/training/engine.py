@@ -1,6 +1,6 @@
 """One training run from checked settings: data, model, Lightning Trainer, test-set metrics.
 
-Called by ``python -m sae.run`` (:mod:`sae.runs.command`, which then writes the pages) once the
+Called by ``python -m sae.run`` (:mod:`sae.runner.command`, which then writes the pages) once the
 settings are checked and the run folder is claimed; everything heavy (torch, Lightning) is
 imported here, not there.
 """
@@ -338,7 +338,7 @@ def status(label: str):
 class Trained:
     """A completed fit on rank 0: its test metrics (as in ``metrics.json``), the model, its data
     module and the test set's codes, from which the run's pages are made
-    (:func:`sae.runs.command.write_pages`) without reading anything back."""
+    (:func:`sae.runner.command.write_pages`) without reading anything back."""
 
     metrics: dict
     model: object

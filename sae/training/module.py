@@ -96,7 +96,8 @@ class SAETraining(L.LightningModule):
         lam_t = self.lambda_now()
         penalty = sae.penalty(h, extras)
         loss = recon + lam_t * penalty
-        extras["dead"] = self.dead_mask(reduce=False)
+        if sae.needs_dead_units:
+            extras["dead"] = self.dead_mask(reduce=False)
         aux = sae.extra_loss(x, x_hat, h, extras)
         if aux is not None:
             loss = loss + aux

@@ -1,1 +1,0 @@
-"""One run from the command line to its pages (:mod:`~sae.runs.command`, ``python -m sae.run``)."""
