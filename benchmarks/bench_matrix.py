@@ -1,4 +1,4 @@
-"""Training from a memory-mapped activation file against the same rows in memory.
+"""Training from an activation file read as it goes against the same rows in memory.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_matrix.py [--gib 2.1] [--dim 256] [--steps 300]
                                                         [--folder DIR] [--keep]
@@ -8,13 +8,14 @@ Writes an (N, D) float32 ``.npy`` of ``--gib`` GiB of random rank-32 rows (defau
 the system's temp files), after checking that the disk holds twice that much. Then, for the same
 ``sae.data.matrixdata.MatrixDataModule`` split (1 000 validation and 1 000 test rows carved off) it
 trains the same model (``--model``, ``--hidden`` units, batch 256) under Lightning for
-``--steps`` steps, first with the training rows read into memory, then memory-mapped, after
-asking the kernel to drop the file's pages from its cache (``posix_fadvise(DONTNEED)``) so that
-the memory-mapped reads come from the disk, as for a file larger than memory.
+``--steps`` steps, first with the training rows read into memory, then read from the file a
+batch at a time (``sae.data.npyfile.FileRows``), after asking the kernel to drop the file's
+pages from its cache (``posix_fadvise(DONTNEED)``) so that the reads come from the disk, as for
+a file larger than memory.
 
 A step is timed from one batch's start to the next one's (fetching the batch included); the
 first 20 steps of each are left out. Prints the median and mean ms/step of each and the ratio
-memory-mapped / in memory of the means (target <= 1.25). The file is deleted at the end unless
+from the file / in memory of the means (target <= 1.25). The file is deleted at the end unless
 ``--keep``.
 """
 
@@ -116,14 +117,14 @@ def main() -> None:
               flush=True)
         config = SAEConfig(model=args.model, input_dim=args.dim, hidden=args.hidden, k=32)
         results = {}
-        for name, in_memory in (("in memory", True), ("memory-mapped, cold", False)):
+        for name, in_memory in (("in memory", True), ("from the file, cold", False)):
             ms = time_steps(path, in_memory, config, args.steps)
             results[name] = ms
             print(f"{name:>20}: median {statistics.median(ms):.1f} ms/step, mean "
                   f"{statistics.fmean(ms):.1f} ms/step over {len(ms)} steps", flush=True)
-        ratio = statistics.fmean(results["memory-mapped, cold"]) / \
+        ratio = statistics.fmean(results["from the file, cold"]) / \
             statistics.fmean(results["in memory"])
-        print(f"memory-mapped / in memory (means): {ratio:.2f} (target <= 1.25)")
+        print(f"from the file / in memory (means): {ratio:.2f} (target <= 1.25)")
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)

@@ -247,7 +247,7 @@ def test_a_header_claiming_2_to_the_62_squared_is_one_line_without_numpy_warning
         npy.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
                                        "shape": (2**62, 2**62)})
         f.write(bytes(64))
-    refused_by_run(good, good / "claim.npy", capsys, "cannot be mapped", "promises 8.51e+37",
+    refused_by_run(good, good / "claim.npy", capsys, "cannot be read", "promises 8.51e+37",
                    "holds 64")
 
 

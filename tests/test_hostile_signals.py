@@ -108,13 +108,13 @@ SLOW_CHECK = textwrap.dedent("""
     from pathlib import Path
     import sae.data.matrix
 
-    def slow(x, beyond_float32=True):
+    def slow(x, progress=None):
         Path(os.environ["SCAN_STARTED"]).touch()
         for _ in range(600):
             time.sleep(0.1)
         return None
 
-    sae.data.matrix.first_unusable_row = slow
+    sae.data.matrix.scan_matrix = slow
     runpy.run_module("sae.run", run_name="__main__", alter_sys=True)
 """)
 

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sae.data import matrix
+from sae.data import matrix, scan
 from sae.data.matrix import MatrixError, load_data, open_matrix
+from sae.data.npyfile import FileRows
 
 
 def save(path, array):
@@ -26,13 +27,24 @@ def manifest(folder, **spec):
     return path
 
 
-def test_a_matrix_is_memory_mapped_read_only(tmp_path):
+def test_a_matrix_is_read_from_its_file_never_written(tmp_path):
     x = np.random.default_rng(0).normal(size=(50, 7)).astype(np.float16)
+    path = save(tmp_path / "x.npy", x)
+    m = open_matrix(path)
+    assert isinstance(m, FileRows) and m.shape == (50, 7) and m.dtype == np.float16
+    np.testing.assert_array_equal(np.asarray(m), x)
+    with pytest.raises(TypeError):
+        m[0, 0] = 1  # no item assignment: the tool never writes into the user's file
+    before = path.read_bytes()
+    m[3][0] = 5  # a row read is the caller's copy
+    assert path.read_bytes() == before and m[3][0] == x[3, 0]
+
+
+def test_a_fortran_ordered_matrix_is_mapped_and_reads_the_same(tmp_path):
+    x = np.asfortranarray(np.random.default_rng(1).normal(size=(40, 6)).astype(np.float32))
     m = open_matrix(save(tmp_path / "x.npy", x))
-    assert isinstance(m, np.memmap) and m.shape == (50, 7) and m.dtype == np.float16
-    np.testing.assert_array_equal(m, x)
-    with pytest.raises(ValueError):
-        m[0, 0] = 1  # read-only: the tool never writes into the user's file
+    assert isinstance(m, np.memmap)
+    np.testing.assert_array_equal(m[[5, 1, 5]], x[[5, 1, 5]])
 
 
 @pytest.mark.parametrize("array, message", [
@@ -58,7 +70,7 @@ def test_missing_truncated_and_foreign_files(tmp_path):
         load_data(tmp_path / "text.npy")
     data = save(tmp_path / "x.npy", np.zeros((100, 10), np.float32)).read_bytes()
     (tmp_path / "short.npy").write_bytes(data[: len(data) // 2])
-    with pytest.raises(MatrixError, match="cannot be mapped"):
+    with pytest.raises(MatrixError, match="cannot be read"):
         load_data(tmp_path / "short.npy")
 
 
@@ -89,14 +101,14 @@ def test_the_first_nonfinite_row_is_found_across_scan_blocks(tmp_path_factory, n
     x = np.ones((n, d), np.float32)
     x[row, bad.draw(st.integers(0, d - 1))] = value
     path = save(tmp_path_factory.mktemp("nan") / "x.npy", x)
-    old = matrix.SCAN_BYTES
-    matrix.SCAN_BYTES = 3 * d * 4  # three rows a block: the bad row lands in any block
+    old = scan.BLOCK_BYTES
+    scan.BLOCK_BYTES = 3 * d * 4  # three rows a block: the bad row lands in any block
     try:
-        assert matrix.first_nonfinite_row(open_matrix(path)) == row
+        assert scan.first_nonfinite_row(open_matrix(path)) == row
         with pytest.raises(MatrixError, match=f"row {row} holds NaN or inf"):
             load_data(path)
     finally:
-        matrix.SCAN_BYTES = old
+        scan.BLOCK_BYTES = old
 
 
 def test_a_manifest_names_splits_labels_and_texts(tmp_path):

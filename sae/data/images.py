@@ -16,9 +16,11 @@ index slice of it. torchvision's per-sample PIL path costs ~60x more per epoch f
 from __future__ import annotations
 
 import gzip
+import itertools
 import math
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,15 +286,18 @@ class EpochShuffle(Sampler):
 
     def order(self, g: torch.Generator) -> list[int]:
         """The epoch's order of the n rows, drawn from ``g`` (seeded from (seed, epoch))."""
-        return torch.randperm(self.n, generator=g).tolist()
+        return list(self.rows(g))
+
+    def rows(self, g: torch.Generator) -> Iterator[int]:
+        """:meth:`order` one row at a time (a subclass may draw it as it goes)."""
+        return iter(torch.randperm(self.n, generator=g).tolist())
 
     def __iter__(self):
         state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
         g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-        order = self.order(g)
         start, self._skip = min(self._skip, self.n), 0
         self.served = start
-        for index in order[start:]:
+        for index in itertools.islice(self.rows(g), start, None):
             self.served += 1
             yield index
 

@@ -27,30 +27,34 @@ Two ways to name such data (``--data``):
   validation split is. ``python -m sae.layer`` writes such a manifest for a trained
   classifier's hidden layer.
 
-Matrices are opened memory-mapped (:mod:`sae.data.npyfile`, never with pickles): a file larger than
-memory is read a batch at a time. Every file must be a regular file (no FIFO, device or folder),
-and a ``.npy`` header is checked against the opened file's size before anything is read or
-allocated. Everything is checked before any work, with a one-line :class:`MatrixError`: a
-missing file, a rank other than 2, a dtype that is not a real float, NaN or inf in any row, or a
-float64 value beyond the float32 range that training computes in (found by streaming through
-the file), labels or rows of the wrong length, labels beyond :data:`MAX_CLASSES` or more classes
-than training rows, texts over :data:`TEXT_ROW_LIMIT` bytes a row, differing D between splits.
+Matrices are opened for reading rows on demand (:mod:`sae.data.npyfile`, never with pickles,
+never mapped whole): a file larger than memory is read a batch at a time, and the process holds
+only the rows it reads. Every file must be a regular file (no FIFO, device or folder), and a
+``.npy`` header is checked against the opened file's size before anything is read or allocated.
+Everything is checked before any work, with a one-line :class:`MatrixError`: a missing file, a
+rank other than 2, a dtype that is not a real float, NaN or inf in any row, or a float64 value
+beyond the float32 range that training computes in (found by one streamed pass over each matrix,
+:mod:`sae.data.scan`, which also hashes the file and sums its columns), labels or rows of the
+wrong length, labels beyond :data:`MAX_CLASSES` or more classes than training rows, texts over
+:data:`TEXT_ROW_LIMIT` bytes a row, differing D between splits.
 :func:`describe` gives what a run folder records (path, shape, dtype, SHA-256), so that a resume
 or a sweep can refuse a different file.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["FORMAT", "MatrixData", "MatrixError", "MatrixSplit", "describe", "file_sha256",
-           "load_data", "open_matrix"]
+from sae.data.scan import Scan, file_sha256, scan_matrix
+
+__all__ = ["FORMAT", "MatrixData", "MatrixError", "MatrixSplit", "checked", "describe",
+           "file_sha256", "load_data", "open_matrix"]
 
 FORMAT = "sae-activations/1"
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
@@ -61,8 +65,6 @@ SPLIT_KEYS = ("x", "labels", "rows", "texts", "active")  # what a split of a man
 TEXT_ROW_LIMIT = 64 << 10  # bytes of text per row, on average, at most
 MAX_CLASSES = 1000  # classes a run's figures, probes and pages hold
 MAX_NAME = 200  # characters of the data's name and of each class name (titles, tables, pages)
-F32_MAX = float(np.finfo(np.float32).max)  # training reads every row as float32
-SCAN_BYTES = 64 << 20  # rows read at a time when scanning a matrix for NaN or inf
 
 
 class MatrixError(ValueError):
@@ -82,9 +84,10 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool]:
     return header.shape, header.dtype, header.fortran
 
 
-def open_matrix(path: str | Path) -> np.ndarray:
-    """The (N, D) float matrix of a ``.npy`` file, memory-mapped read-only; checked from its
-    header (rank 2, N ≥ 2, D ≥ 1, a real float dtype) before it is mapped."""
+def open_matrix(path: str | Path):
+    """The (N, D) float matrix of a ``.npy`` file, opened for reading rows on demand
+    (:func:`sae.data.npyfile.open_rows`); checked from its header (rank 2, N ≥ 2, D ≥ 1, a real
+    float dtype) before anything is read."""
     path = Path(path)
     shape, dtype, _ = _npy_header(path)
     if len(shape) != 2:
@@ -96,43 +99,12 @@ def open_matrix(path: str | Path) -> np.ndarray:
     if dtype.type not in FLOAT_DTYPES:
         raise MatrixError(f"{path} holds {dtype} values; float16, float32 or float64 are "
                           "needed (convert with x.astype('float32'))")
-    from sae.data.npyfile import NpyError, map_array
+    from sae.data.npyfile import NpyError, open_rows
 
     try:  # the file opened again is checked again: the header's size against the file's
-        return map_array(path)
+        return open_rows(path)
     except NpyError as e:
         raise MatrixError(str(e)) from None
-
-
-def first_nonfinite_row(x: np.ndarray) -> int | None:
-    """The first row holding NaN or ±inf, or None; reads the matrix in blocks of about
-    ``SCAN_BYTES``, so a memory-mapped file larger than memory is scanned, not loaded."""
-    found = first_unusable_row(x, beyond_float32=False)
-    return None if found is None else found[0]
-
-
-def first_unusable_row(x: np.ndarray, beyond_float32: bool = True) -> tuple[int, str] | None:
-    """(the first row training cannot use, why), or None: NaN or ±inf, or (``beyond_float32``,
-    float64 files) a finite value that float32, which training computes in, cannot hold (it
-    would become inf). Reads the matrix in blocks of about ``SCAN_BYTES``; no numpy warning."""
-    step = max(1, SCAN_BYTES // max(1, x.shape[1] * x.itemsize))
-    wide = beyond_float32 and x.dtype.itemsize > 4
-    for start in range(0, len(x), step):
-        block = np.asarray(x[start:start + step])
-        with np.errstate(all="ignore"):
-            # NaN compares False: one test finds NaN, inf and (float64) values too large
-            bad = ~(np.abs(block) <= F32_MAX).all(axis=1) if wide else \
-                ~np.isfinite(block).all(axis=1)
-        if bad.any():
-            row = int(np.argmax(bad))
-            values = block[row]
-            if not np.isfinite(values).all():
-                return start + row, "holds NaN or inf"
-            big = float(values[np.argmax(np.abs(values))])
-            return start + row, (f"holds {big:.3g}, beyond the float32 range (±{F32_MAX:.3g}) "
-                                 "that training computes in: numeric overflow; scale the data "
-                                 "down")
-    return None
 
 
 def _int_vector(path: Path, n: int, what: str, low: int = 0, high: int | None = None) -> np.ndarray:
@@ -183,14 +155,16 @@ def _texts(path: Path, n: int) -> list[str]:
 
 @dataclass
 class MatrixSplit:
-    """One split: the matrix (memory-mapped), and per row its label, image index and text."""
+    """One split: the matrix (rows read on demand), per row its label, image index and text,
+    and what the check's pass over the matrix found (:class:`sae.data.scan.Scan`)."""
 
-    x: np.ndarray
+    x: np.ndarray  # or sae.data.npyfile.FileRows, indexed the same way
     labels: np.ndarray | None = None
     rows: np.ndarray | None = None
     texts: list[str] | None = None
     active: np.ndarray | None = None  # [N, ceil(F / 8)] uint8: the true features, as bits
     files: dict[str, Path] = field(default_factory=dict)
+    scan: Scan | None = None
 
 
 @dataclass
@@ -383,11 +357,16 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
 
 
 def load_data(path: str | Path, check_finite: bool = True,
-              data_dir: str | Path | None = None) -> MatrixData:
+              data_dir: str | Path | None = None,
+              progress: Callable[[int, int], None] | None = None) -> MatrixData:
     """The activation data ``--data`` names (a ``.npy`` matrix or a ``.json`` manifest), every
     file checked; NaN or inf anywhere is refused unless ``check_finite`` is off. A manifest's
     image rows are checked against the images found in ``data_dir`` (``--data-dir``), else
-    where :func:`sae.data.images.load_arrays` looks."""
+    where :func:`sae.data.images.load_arrays` looks.
+
+    The check is one pass over each matrix (:func:`sae.data.scan.scan_matrix`), which also
+    hashes its file and sums its columns (each split's ``scan``); ``progress(bytes read, of
+    bytes)`` is called as it goes, and an exception it raises stops it."""
     path = Path(path).expanduser()
     if path.suffix.lower() == ".json":
         data = _manifest(path, data_dir)
@@ -397,12 +376,16 @@ def load_data(path: str | Path, check_finite: bool = True,
                           test=None, source=path)
     _check_classes(data)
     if check_finite:
-        for split in (data.train, data.test):
-            if split is None:
-                continue
-            found = first_unusable_row(split.x)
-            if found is not None:
-                raise MatrixError(f"{split.files['x']}: row {found[0]} {found[1]}")
+        splits = [s for s in (data.train, data.test) if s is not None]
+        total, done = sum(s.x.shape[0] * s.x.shape[1] * s.x.dtype.itemsize for s in splits), 0
+        for split in splits:
+            report = None if progress is None else \
+                (lambda read, done=done: progress(done + read, total))
+            split.scan = scan_matrix(split.x, report)
+            if split.scan.bad is not None:
+                row, why = split.scan.bad
+                raise MatrixError(f"{split.files['x']}: row {row} {why}")
+            done += split.x.shape[0] * split.x.shape[1] * split.x.dtype.itemsize
     return data
 
 
@@ -425,17 +408,6 @@ def _check_classes(data: MatrixData) -> None:
                           "classes than rows cannot be learned")
 
 
-def file_sha256(path: str | Path, block: int = 8 << 20) -> str:
-    """SHA-256 of a file's bytes, read in blocks (a large matrix is never held whole)."""
-    from sae.system.io import open_regular
-
-    digest = hashlib.sha256()
-    with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def describe(data: MatrixData) -> dict:
     """What a run folder records of its data: for each split's matrix its path, shape, dtype
     and SHA-256, so that a resume or a sweep can refuse a different file, and whether its rows
@@ -445,6 +417,59 @@ def describe(data: MatrixData) -> dict:
     for name, split in (("train", data.train), ("test", data.test)):
         if split is None:
             continue
+        sha = split.scan.sha256 if split.scan is not None and split.scan.sha256 else \
+            file_sha256(split.files["x"])
         out[name] = {"path": str(split.files["x"]), "shape": list(split.x.shape),
-                     "dtype": str(split.x.dtype), "sha256": file_sha256(split.files["x"])}
+                     "dtype": str(split.x.dtype), "sha256": sha}
     return out
+
+
+_CHECKED: dict[tuple, tuple[tuple, MatrixData, dict]] = {}
+_CHECKING = threading.Lock()  # one check at a time: a second caller gets the first's result
+
+
+def _stamps(paths) -> tuple:
+    """(path, size, mtime) of each file: the same stamps, the same bytes (as far as a process
+    that trains run after run needs to know)."""
+    out = []
+    for path in paths:
+        try:
+            info = Path(path).stat()
+            out.append((str(path), info.st_size, info.st_mtime_ns))
+        except OSError:
+            out.append((str(path),))
+    return tuple(out)
+
+
+def _files(data: MatrixData) -> list[Path]:
+    return [data.source] + [f for s in (data.train, data.test) if s is not None
+                            for f in s.files.values()]
+
+
+def checked(path: str | Path, data_dir: str | Path | None = None) -> tuple[MatrixData, dict]:
+    """The data ``--data`` names, every file checked (:func:`load_data`, its image rows against
+    the images in ``data_dir``), and its record (:func:`describe`: paths, shapes, dtypes,
+    SHA-256); read once per process while none of its files changes. The pass over the
+    matrices is a start-up task (:mod:`sae.system.status`), its progress in bytes read.
+    Raises :class:`MatrixError`."""
+    from sae.system import status
+
+    path = Path(path).expanduser()
+    key = (str(path), None if data_dir is None else str(data_dir))
+    with _CHECKING:
+        if key in _CHECKED:
+            stamps, data, record = _CHECKED[key]
+            if _stamps(_files(data)) == stamps:
+                return data, record
+        _CHECKED.clear()  # one data set at a time: each holds its files open
+        what = f"checking {path.name}"
+
+        def progress(read: int, total: int) -> None:
+            status.note(what, f"{read / 1e9:.2f} of {total / 1e9:.2f} GB read")
+
+        with status.task(what):
+            data = load_data(path, data_dir=data_dir, progress=progress)
+        stamps = _stamps(_files(data))
+        record = describe(data)
+        _CHECKED[key] = (stamps, data, record)
+        return data, record

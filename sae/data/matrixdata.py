@@ -19,15 +19,16 @@ stopped run resumes with the very batches it would have seen.
 Rows without labels get label 0 of one class (``"all inputs"``): the class figures then show
 the whole set, and :attr:`MatrixDataModule.has_labels` tells probes to stay away.
 
-:func:`data_module` makes the data module of a run's settings, images or matrix; :func:`checked`
-reads and checks a ``--data`` file once per process (every file, NaN scan and checksum), for the
-command line's checks before any work and the training after them.
+The data are read and checked once per process (:func:`sae.data.matrix.checked`: every file, one
+pass over each matrix for the NaN scan, the checksum and the column sums, which give the training
+rows' moments without a second pass).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,8 @@ import numpy as np
 import torch
 
 from sae.data.images import EpochShuffle, IndexedLoaders
-from sae.data.matrix import MatrixData, MatrixError, describe, load_data, manifest_name
+from sae.data.matrix import MatrixError, checked, manifest_name
+from sae.data.scan import moments, sums
 
 __all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "TrainMoments", "Truth", "checked",
            "data_name", "streamed_moments", "streamed_pca"]
@@ -44,46 +46,6 @@ __all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "TrainMoments", "Tr
 BLOCK_BYTES = 64 << 10  # consecutive bytes of training rows one block of the order holds
 PCA_ROWS = 65_536  # rows of the training split the adaptivity's PCA reference reads at most
 NO_LABELS = ["all inputs"]  # the one class of unlabelled rows
-
-_CHECKED: dict[str, tuple[tuple, MatrixData, dict]] = {}
-
-
-def _stamps(paths) -> tuple:
-    """(path, size, mtime) of each file: the same stamps, the same bytes (as far as a process
-    that trains run after run needs to know)."""
-    out = []
-    for path in paths:
-        try:
-            info = Path(path).stat()
-            out.append((str(path), info.st_size, info.st_mtime_ns))
-        except OSError:
-            out.append((str(path),))
-    return tuple(out)
-
-
-def _files(data: MatrixData) -> list[Path]:
-    return [data.source] + [f for s in (data.train, data.test) if s is not None
-                            for f in s.files.values()]
-
-
-def checked(path: str | Path, data_dir: str | Path | None = None) -> tuple[MatrixData, dict]:
-    """The data ``--data`` names, every file checked (:func:`sae.data.matrix.load_data`, its image
-    rows against the images in ``data_dir``), and its record (:func:`sae.data.matrix.describe`:
-    paths, shapes, dtypes, SHA-256); read once per process while none of its files changes.
-    Raises :class:`sae.data.matrix.MatrixError`."""
-    path = Path(path).expanduser()
-    key = (str(path), None if data_dir is None else str(data_dir))
-    if key in _CHECKED:
-        stamps, data, record = _CHECKED[key]
-        if _stamps(_files(data)) == stamps:
-            return data, record
-    _CHECKED.clear()  # one data set at a time: each holds open maps of its files
-    data = load_data(path, data_dir=data_dir)
-    stamps = _stamps(_files(data))
-    record = describe(data)
-    _CHECKED[key] = (stamps, data, record)
-    return data, record
-
 
 def data_name(path: str | Path) -> str:
     """A data set's short name for folders and tables: the manifest's ``name`` made a file
@@ -170,27 +132,25 @@ class BlockShuffle(EpochShuffle):
         super().__init__(n, seed)
         self.block = max(1, int(block))
 
-    def order(self, g: torch.Generator) -> list[int]:
+    def rows(self, g: torch.Generator) -> Iterator[int]:
+        # drawn a block at a time as the epoch goes: the first batch does not wait for the
+        # whole order of millions of rows (a second), and the draws are the same either way
         starts = torch.arange(0, self.n, self.block)[torch.randperm(
             math.ceil(self.n / self.block), generator=g)]
-        order = []
         for start in starts.tolist():
             size = min(self.block, self.n - start)
-            order += (start + torch.randperm(size, generator=g)).tolist()
-        return order
+            yield from (start + torch.randperm(size, generator=g)).tolist()
 
 
 def streamed_moments(rows, block: int = 8192) -> tuple[torch.Tensor, float]:
-    """(mean row [D] float32, E‖x − mean‖²) of rows read ``block`` at a time in float64."""
-    total, sq, n = None, None, 0
-    for x in (rows[i:i + block] for i in range(0, len(rows), block)):
-        x = x.double()
-        total = x.sum(0) if total is None else total + x.sum(0)
-        sq = (x * x).sum(0) if sq is None else sq + (x * x).sum(0)
-        n += len(x)
-    mean = total / n
-    var = float((sq / n - mean * mean).clamp_min(0).sum())
-    return mean.float(), var
+    """(mean row [D] float32, E‖x − mean‖²) of rows read ``block`` at a time, summed in
+    float64 (:func:`sae.data.scan.sums`)."""
+    total, squares = 0.0, 0.0
+    for start in range(0, len(rows), block):
+        s, q = sums(rows[start:start + block].numpy())
+        total, squares = total + s, squares + q
+    mean, var = moments(total, squares, len(rows))
+    return torch.from_numpy(mean).float(), var
 
 
 def streamed_pca(rows, max_rows: int = PCA_ROWS, block: int = 8192):
@@ -260,8 +220,10 @@ class MatrixDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
             rest = rest[: self.limit_train]
         self.train_index = np.sort(rest)  # file order: a block of the order is one read
         self.val_x, self.val_y = self._split(data.train, val_idx)
+        self.held_out = [val_idx]  # the rows of the training file not trained on
         if data.test is None:
             test_split, test_idx = data.train, np.sort(perm[v:2 * v])
+            self.held_out.append(test_idx)
         else:
             test_split, test_idx = data.test, np.arange(len(data.test.x))
         if self.limit_test:
@@ -298,8 +260,23 @@ class MatrixDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
     def _moments(self) -> tuple[torch.Tensor, float]:
         if self._mean is None:
             self.load()
-            self._mean = streamed_moments(self.train_x)
+            self._mean = self._moments_from_scan() or streamed_moments(self.train_x)
         return self._mean
+
+    def _moments_from_scan(self) -> tuple[torch.Tensor, float] | None:
+        """The training rows' moments from the check's column sums over the whole file, less
+        the rows held out for validation (and test, carved from the same file): no second pass
+        over the file. None where the check kept no sums or ``limit_train`` drops rows."""
+        scan = self.data.train.scan
+        if scan is None or self.limit_train:
+            return None
+        total, squares = scan.sums.copy(), scan.squares.copy()
+        for index in self.held_out:  # read again in the file's own dtype, as the scan read them
+            s, q = sums(self.data.train.x[index])
+            total -= s
+            squares -= q
+        mean, var = moments(total, squares, len(self.train_index))
+        return torch.from_numpy(mean).float(), var
 
     def train_pca(self):
         """The adaptivity measure's reference: :func:`streamed_pca` of the training split."""

@@ -24,7 +24,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["Header", "NpyError", "map_array", "open_npy", "read_array", "read_header"]
+__all__ = ["FileRows", "Header", "NpyError", "map_array", "open_npy", "open_rows", "read_array",
+           "read_header"]
 
 
 class NpyError(ValueError):
@@ -135,3 +136,126 @@ def map_array(path: str | Path) -> np.ndarray:
         except (OSError, ValueError) as e:
             reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
             raise NpyError(f"{path} cannot be mapped: {reason}") from None
+
+
+GAP_BYTES = 4096  # rows this close (a page) are read in one call, the gap between them too
+
+
+class FileRows:
+    """The rows of an (N, D) C-order array in an open ``.npy`` file, read on demand with
+    ``os.pread``: indexed like a read-only numpy array by an int, a slice of step 1 or an
+    integer array, each giving a new numpy array.
+
+    Nothing is mapped, so the process holds only the rows it asked for: a memory map of a file
+    read whole (a scan, an epoch) counts every page it touched in the process's resident memory,
+    3 GB for a 3 GB file, while the page cache the reads go through stays the kernel's to keep
+    or drop. Rows asked for together are read in increasing order, with the rows within
+    :data:`GAP_BYTES` of each other in one call, then put in the asked order.
+    """
+
+    def __init__(self, fd: int, header: Header, path: Path):
+        self._fd, self.shape, self.dtype = fd, header.shape, header.dtype
+        self.offset, self.row_bytes = header.offset, header.shape[1] * header.dtype.itemsize
+        self.path = path
+
+    def __reduce__(self):  # to another process: the file opened and checked again there
+        return open_rows, (self.path,)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.row_bytes
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read_into(self, buffer: memoryview, start_byte: int) -> int:
+        """Bytes of the data from ``start_byte`` on into ``buffer``; how many were read (fewer
+        only at the file's end). One call reads at most about 2 GiB on Linux: as many as it
+        takes."""
+        done, size = 0, len(buffer)
+        while done < size:
+            got = os.preadv(self._fd, [buffer[done:]], self.offset + start_byte + done)
+            if got == 0:
+                break
+            done += got
+        return done
+
+    def _span(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) in one read, as a new (stop - start, D) array."""
+        out = np.empty((max(stop - start, 0), self.shape[1]), self.dtype)
+        if out.nbytes:
+            got = self.read_into(memoryview(out).cast("B"), start * self.row_bytes)
+            if got != out.nbytes:
+                raise OSError(f"{self.path} was cut short while being read")
+        return out
+
+    def __getitem__(self, index) -> np.ndarray:
+        n = self.shape[0]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                raise IndexError("rows of a file are read by slices of step 1")
+            return self._span(start, max(start, stop))
+        if isinstance(index, int | np.integer):
+            i = int(index) + n if index < 0 else int(index)
+            if not 0 <= i < n:
+                raise IndexError(f"row {int(index)} of {n}")
+            return self._span(i, i + 1)[0]
+        rows = np.asarray(index, dtype=np.int64).reshape(-1)
+        rows = np.where(rows < 0, rows + n, rows)
+        if len(rows) and (rows.min() < 0 or rows.max() >= n):
+            raise IndexError(f"rows up to {int(rows.max())} of {n}")
+        out = np.empty((len(rows), self.shape[1]), self.dtype)
+        if not len(rows):
+            return out
+        order = np.argsort(rows, kind="stable")
+        wanted = rows[order]
+        # runs of rows to read at once: break where the gap to the next row passes a page
+        gap_rows = max(1, GAP_BYTES // max(self.row_bytes, 1))
+        breaks = np.flatnonzero(np.diff(wanted) > gap_rows) + 1
+        for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(wanted)], strict=True):
+            first = int(wanted[lo])
+            span = self._span(first, int(wanted[hi - 1]) + 1)
+            out[order[lo:hi]] = span[wanted[lo:hi] - first]
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self[:]
+        return whole if dtype is None else whole.astype(dtype)
+
+    def close(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    # closed with its last reference, as a memory map is unmapped (a plain descriptor: no
+    # warning about a file left open when a check refused the data after opening it)
+    __del__ = close
+
+
+def open_rows(path: str | Path) -> FileRows | np.ndarray:
+    """The (N, D) array in the ``.npy`` file ``path`` for reading rows on demand: a
+    :class:`FileRows` of the opened file once its size is checked against its header, or,
+    where rows are not contiguous in the file (Fortran order) or ``os.pread`` is missing, the
+    file memory-mapped (:func:`map_array`). Raises :class:`NpyError`."""
+    path = Path(path)
+    f = open_npy(path)
+    try:
+        header = read_header(f, path)
+        _checked_size(header, path, "cannot be read")
+        usable = len(header.shape) == 2 and not header.fortran and hasattr(os, "preadv")
+    except BaseException:
+        f.close()
+        raise
+    if not usable:
+        f.close()
+        return map_array(path)
+    with f:
+        return FileRows(os.dup(f.fileno()), header, path)

@@ -20,7 +20,7 @@ from pathlib import Path
 from sae.settings.config import RunConfig
 from sae.settings.setting import UsageError
 
-__all__ = ["RECORD", "changed_data", "check_data", "check_split", "check_sweep_data",
+__all__ = ["RECORD", "DataCheck", "changed_data", "check_data", "check_split", "check_sweep_data",
            "current_sha256", "header_record",
            "read_record", "same_data", "write_record"]
 
@@ -125,9 +125,43 @@ def same_data(record: dict, recorded: dict, path: str) -> str | None:
     return None
 
 
-def check_data(config: RunConfig) -> dict | None:
+class DataCheck:
+    """:func:`sae.data.matrix.checked` of a ``--data`` file in a thread, started before the
+    command imports torch and Lightning (seconds of one core) so that the pass over a large
+    matrix (seconds of the other) is done by the time they are; :func:`check_data` takes its
+    result. It needs numpy only."""
+
+    def __init__(self, path: str | Path, data_dir: str | Path | None = None):
+        import threading
+
+        self.path, self.data_dir = path, data_dir
+        self._outcome: tuple | None = None
+        self._thread = threading.Thread(target=self._run, name="data-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from sae.data.matrix import checked
+
+        try:
+            self._outcome = (checked(self.path, self.data_dir), None)
+        except Exception as e:  # handed to the caller, raised there
+            self._outcome = (None, e)
+
+    def result(self):
+        """(data, record) of :func:`sae.data.matrix.checked`, waited for (Ctrl-C and SIGTERM
+        still reach the caller meanwhile); raises what it raised."""
+        while self._thread.is_alive():
+            self._thread.join(0.1)
+        value, error = self._outcome
+        if error is not None:
+            raise error
+        return value
+
+
+def check_data(config: RunConfig, pending: DataCheck | None = None) -> dict | None:
     """Check ``config.data.data`` (and, on resume, that it is the run's data); returns its
-    record (None for an image run). Raises UsageError."""
+    record (None for an image run). ``pending``: the same check started earlier in a thread,
+    whose result is taken. Raises UsageError."""
     out, resume, data = Path(config.folder.out), config.folder.resume, config.data.data
     recorded = read_record(out) if resume is not None else None
     if not data:
@@ -138,11 +172,11 @@ def check_data(config: RunConfig) -> dict | None:
             raise UsageError(f"cannot resume {out}: it was trained on --data "
                              f"{recorded.get('source')}; give that file, not images")
         return None
-    from sae.data.matrix import MatrixError
-    from sae.data.matrixdata import checked
+    from sae.data.matrix import MatrixError, checked
 
     try:
-        _, record = checked(data, config.data.data_dir)
+        _, record = pending.result() if pending is not None else \
+            checked(data, config.data.data_dir)
     except MatrixError as e:
         raise UsageError(f"--data: {e}") from None
     _remember(record)
@@ -238,10 +272,7 @@ def check_sweep_data(sweep_dir: Path, runs) -> None:
         data = run.settings.get("data")
         if not data:
             continue
-        # imported only for --data runs: it brings Lightning, which an image sweep's process
-        # would otherwise import before its workers start
-        from sae.data.matrix import MatrixError
-        from sae.data.matrixdata import checked
+        from sae.data.matrix import MatrixError, checked
 
         if data not in records:
             try:

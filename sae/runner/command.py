@@ -31,6 +31,7 @@ import shlex
 import signal
 import sys
 import traceback
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from sae.settings.cli import (
@@ -43,6 +44,7 @@ from sae.settings.cli import (
 )
 from sae.settings.config import RunConfig
 from sae.settings.metric_defs import summary_line
+from sae.system import status
 from sae.system.process import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -97,16 +99,20 @@ def check_devices(config: RunConfig, on_stop=None) -> None:
 QUICK_EXIT = False
 
 
+@contextmanager
 def _importing(on_stop):
     """:func:`sae.system.process.importing`, ending the process at once only as the command
-    (``python -m sae.run``), not in a process that calls :func:`main` and goes on."""
-    return importing(on_stop if running_as("sae.run") else None)
+    (``python -m sae.run``), not in a process that calls :func:`main` and goes on; a start-up
+    task meanwhile (:mod:`sae.system.status`)."""
+    with importing(on_stop if running_as("sae.run") else None), \
+            status.task("importing torch and Lightning"):
+        yield
 
 
 def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     """The run's checked settings and, with --data, the record of its data (read and checked
     in full, on resume compared with the run's), all before the run folder is touched."""
-    from sae.data.rundata import check_data, check_split, header_record
+    from sae.data.rundata import DataCheck, check_data, check_split, header_record
 
     config = run_config(argv)
     if config.folder.resume == "last":
@@ -116,7 +122,8 @@ def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
         with _importing(on_stop):
             from sae.data.streamed import check_source
         explicit = "source" in vars(build_parser(suppress=True).parse_args(argv))
-        record = check_source(config, explicit)
+        with status.task(f"opening --source {config.data.source} and reading its layer"):
+            record = check_source(config, explicit)
         config.sae.input_dim = record["width"]
         check_model(config.sae)
         return config, record
@@ -125,11 +132,12 @@ def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
         check_split(config.settings())  # from the training file's header
         return config, None
     check_split(config.settings(), header_record(config.settings()))  # at once, before torch
-    with _importing(on_stop):  # numpy, torch and Lightning
+    # reading and checking every file (seconds for a large one) runs beside the imports, and is
+    # not held: Ctrl-C or SIGTERM stops it at once, with nothing written
+    pending = DataCheck(config.data.data, config.data.data_dir)
+    with _importing(on_stop):
         import sae.data.matrixdata  # noqa: F401
-    # reading and checking every file (seconds for a large one) is not held: Ctrl-C or SIGTERM
-    # stops it at once, with nothing written
-    record = check_data(config)
+    record = check_data(config, pending)
     check_split(config.settings(), record)
     config.sae.input_dim = int(record["train"]["shape"][1])
     check_model(config.sae)
@@ -174,7 +182,15 @@ def _start(config: RunConfig, record: dict | None, out: Path, primary: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sae.run ARGV``: the exit code (0 trained, 2 usage, 130 / 143 stopped, 1
+    failed). Until the first training step, a status line every few seconds names what the
+    start-up is doing (:mod:`sae.system.status`)."""
     argv = sys.argv[1:] if argv is None else argv
+    with status.StartupStatus() if is_primary_process() else nullcontext():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     # Ctrl-C (and a sweep's SIGINT) always interrupts, even when started from a shell that
     # ignores SIGINT for its background jobs (the ignored disposition would be inherited);
     # SIGTERM is one line and exit 143 from here on, during the imports too

@@ -440,9 +440,50 @@ class ProgressBar(TQDMProgressBar):
         self.close_bars()
 
 
+PROGRESS_LINE_S = 30.0  # off a terminal, a progress line this often during training
+
+
+def progress_line(trainer, step_s: float) -> str:
+    """``epoch 1/2 · step 1200 of 46798 · 4.1 ms a step · about 3:08 left``: a training step's
+    progress as a log shows it (off a terminal, where there is no bar)."""
+    total = trainer.estimated_stepping_batches
+    done = trainer.global_step
+    of = f" of {int(total)}" if math.isfinite(total) else ""
+    parts = [f"epoch {epoch_text(trainer)}", f"step {done}{of}", f"{1000 * step_s:.1f} ms a step"]
+    if math.isfinite(total) and total > done:
+        left = round((total - done) * step_s)
+        parts.append(f"about {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d} left"
+                     if left >= 3600 else f"about {left // 60}:{left % 60:02d} left")
+    return " · ".join(parts)
+
+
 class EpochLines(L.Callback):
     """One line on stdout per validation (:func:`epoch_line`), kept: in a log or a pipe, and on
-    a terminal above the progress bar (written through tqdm, which clears and redraws it)."""
+    a terminal above the progress bar (written through tqdm, which clears and redraws it). Off
+    a terminal, where no bar moves, a :func:`progress_line` every
+    :data:`PROGRESS_LINE_S` seconds of training. The first step ends the start-up's status
+    lines (:mod:`sae.system.status`)."""
+
+    def __init__(self, every: float = PROGRESS_LINE_S):
+        self.every = every
+        self._since: tuple[float, int] | None = None  # (time, step) of the last progress line
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._since is None:
+            from sae.system import status
+
+            status.stop()
+            self._since = (time.monotonic(), trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        bar = trainer.progress_bar_callback
+        if not trainer.is_global_zero or (isinstance(bar, ProgressBar) and bar.is_enabled):
+            return
+        now, step = time.monotonic(), trainer.global_step
+        then, before = self._since
+        if now - then >= self.every and step > before:
+            print(progress_line(trainer, (now - then) / (step - before)), flush=True)
+            self._since = (now, step)
 
     def on_validation_end(self, trainer, pl_module) -> None:  # after the model logged
         if trainer.sanity_checking or not trainer.is_global_zero:

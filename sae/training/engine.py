@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sae.settings.config import RunConfig
 from sae.system.process import Terminated, is_primary_process
+from sae.system.status import task
 
 __all__ = ["Terminated", "Trained", "TrainingSetupError", "quiet_lightning", "train"]
 
@@ -166,10 +167,12 @@ def train(config: RunConfig) -> Trained | None:
     # resume: the checkpoint is read and checked in full (its archive, checksum, schema, and the
     # optimiser, loop and callback states Lightning will restore) before anything in the folder
     # changes: a checkpoint that fails any check costs no session folder and no log file
-    ckpt, state, start_step, legacy_seconds = checked_resume(config)
-
-    dm = load_data(config)
-    module = new_module(config, dm)
+    with task("reading the checkpoint to resume"):
+        ckpt, state, start_step, legacy_seconds = checked_resume(config)
+    with task("loading the data"):
+        dm = load_data(config)
+    with task("building the model"):
+        module = new_module(config, dm)
 
     if is_primary_process():
         os.environ[SESSION_ENV] = runfolder.new_session(out, start_step)
@@ -184,9 +187,10 @@ def train(config: RunConfig) -> Trained | None:
                             preloaded=(ckpt, state) if ckpt else None)
     state = None
     fit_model = torch.compile(module) if config.hardware.compile else module
-    try:
-        trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
-                    weights_only=True)
+    try:  # the start-up's status lines end with the first step (EpochLines)
+        with task("starting the fit"):
+            trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
+                        weights_only=True)
     except StopRequested as e:  # the step's checkpoint is written
         raise (Terminated if e.signum == signal.SIGTERM else KeyboardInterrupt) from None
     except SystemExit:
