@@ -53,15 +53,24 @@ _state: dict = {}  # the numba kernels, or None if numba is missing
 
 
 def _compile():
+    """The kernels, compiled (on first use; cached on disk), or None without numba."""
     try:
-        import numba
+        import numba  # optional, and slow to import: only where a kernel is first used
     except ImportError:
         return None
     # "nnan" lets LLVM vectorise the masked sums (many times faster); NaN rows are skipped on
     # integer tests of their bits (torch.amax propagates NaN to the row max), and -inf entries
     # are fine: nnan does not assume finite values.
-    opts = {"nogil": True, "cache": True,
+    fast = {"nogil": True, "cache": True,
             "fastmath": {"reassoc", "contract", "nsz", "arcp", "nnan"}}
+    exact = {"nogil": True, "cache": True}  # no fastmath: these test for NaN and infinities
+    kth_largest = _kth_largest_kernel(numba, exact, _select_kernel(numba, exact))
+    return {"forward": _forward_kernel(numba, fast), "backward": _backward_kernel(numba, fast),
+            "topk_relu": _topk_relu_kernel(numba, exact, kth_largest)}
+
+
+def _forward_kernel(numba, opts):
+    """Sparsemax of each row of ``x`` into ``out``; the number of rows skipped as bad."""
 
     @numba.njit(**opts)
     def forward(x, m, m_bits, exp_mask, out):  # pragma: no cover - compiled
@@ -114,6 +123,12 @@ def _compile():
                 c[j] = d if d > 0.0 else 0.0
         return bad
 
+    return forward
+
+
+def _backward_kernel(numba, opts):
+    """Sparsemax's backward pass of each row; the number of rows skipped as bad."""
+
     @numba.njit(**opts)
     def backward(y, y_bits, exp_mask, g, out):  # pragma: no cover - compiled
         rows, n = y.shape
@@ -133,9 +148,13 @@ def _compile():
                 out[i, j] = g[i, j] - mean if y[i, j] > 0.0 else 0.0
         return bad
 
-    exact = {"nogil": True, "cache": True}  # no fastmath: these test for NaN and infinities
+    return backward
 
-    @numba.njit(**exact)
+
+def _select_kernel(numba, opts):
+    """The value of a given rank of a buffer, by selection (it reorders the buffer)."""
+
+    @numba.njit(**opts)
     def select(buf, n, target):  # pragma: no cover - compiled
         # the value of rank `target` (ascending) of buf[:n], which it reorders (Hoare's find,
         # median-of-three pivots; equal values split evenly, so ties cost no extra passes)
@@ -159,7 +178,13 @@ def _compile():
                 hi = j
         return buf[target]
 
-    @numba.njit(**exact)
+    return select
+
+
+def _kth_largest_kernel(numba, opts, select):
+    """The k-th largest entry of a row, selecting from few candidates."""
+
+    @numba.njit(**opts)
     def kth_largest(x, k, buf):  # pragma: no cover - compiled
         # (the k-th largest entry of the 1-d x, the number of candidates) or (NaN, -1) if x
         # holds a NaN. The minimum of the maxima of k groups bounds it from below (they are k
@@ -186,7 +211,13 @@ def _compile():
                 count += 1
         return select(buf, count, count - k), count
 
-    @numba.njit(**exact)
+    return kth_largest
+
+
+def _topk_relu_kernel(numba, opts, kth_largest):
+    """ReLU of the k largest entries of each row (ties: the first ones)."""
+
+    @numba.njit(**opts)
     def topk_relu(x, k, buf, out, smallest):  # pragma: no cover - compiled
         rows, n = x.shape
         for i in range(rows):
@@ -213,7 +244,7 @@ def _compile():
             smallest[i] = low if low < math.inf else 0.0
         return 0
 
-    return {"forward": forward, "backward": backward, "topk_relu": topk_relu}
+    return topk_relu
 
 
 def _kernels():

@@ -2,6 +2,46 @@
 train-set features and reports its accuracy on test-set features; the raw-pixel baseline is the
 same function on pixels.
 
+Minimises, over W [D, C] and b [C],
+
+    (1/N) Σ_n L(z_n W + b; y_n) + (weight_decay / 2) ‖W‖²_F,
+
+where L is a Fenchel–Young loss (see :func:`probe_loss`): the cross-entropy of softmax
+(``"softmax"``, multinomial logistic regression) or the sparsemax loss (``"sparsemax"``, whose
+class probabilities have exact zeros), and z_n are the features
+standardised with the *train* mean and (population) std (constant features get std 1, so they
+never produce NaN; ``standardize=False`` uses the raw features). The bias is not penalised.
+
+The problem is strongly convex; it is solved full-batch with L-BFGS-B (scipy) in float64,
+until the largest entry of the objective's gradient is at most ``tol`` or after ``max_iter``
+iterations. The default ``tol``, 1e-4 on the gradient of the *mean* loss (the convention of
+scikit-learn's L-BFGS logistic regression), stops where the test accuracy has settled: a
+tighter one costs several times the iterations and moves it by a few test inputs at most
+(docs/metrics.md gives the measurements). The gradient is written out (p − one-hot in the
+logits, for either loss) rather than taken by autograd. Standardisation is folded into the
+weights (z W + b = x (W/σ) + b − (μ/σ) W), so no
+standardised copy of the features is made and sparse codes stay sparse: when at most
+``SPARSE_DENSITY`` of the train features are nonzero (or ``sparse=True``), each objective
+evaluation is one compiled pass over a CSR copy of x (logits, loss and both gradients row by
+row, in fixed row blocks shared among ``torch.get_num_threads()`` threads); otherwise two
+dense matrix products in ``dtype`` around a compiled loss loop. The work runs on the CPU;
+the weights come back there. ``seed`` seeds the small random initial weights through a private
+generator (the global RNG is untouched); the same inputs and seed give identical results on a
+given machine, whatever the number of threads.
+
+The defaults (weight_decay 1e-3) put the raw-pixel baseline close to the published
+accuracies of multinomial logistic regression on both datasets (quoted in docs/metrics.md).
+The raw-pixel baseline (``raw_pixel_baseline``, an alias of ``linear_probe``) is the same
+fit on pixels::
+
+    from sae.data.images import load_arrays, to_float
+    a = load_arrays("mnist")
+    baseline = linear_probe(to_float(a.train_images), torch.from_numpy(a.train_labels),
+                            to_float(a.test_images), torch.from_numpy(a.test_labels))
+    baseline.test_accuracy
+
+and an SAE's probe is the same call on its train-set and test-set codes.
+
 Large sums are accumulated in float64 (float32 on devices without float64 support).
 """
 
@@ -362,51 +402,13 @@ def linear_probes(
     dtype: torch.dtype = torch.float32,
     tol: float = 1e-4,
 ) -> dict[str, ProbeResult]:
-    """Linear probes: linear classifiers fitted on train features, scored on test features.
+    """Linear probes: linear classifiers fitted on train features, scored on test features,
+    one per loss in ``losses``, as the module's docstring states (the objective, the solver,
+    the sparse pass, the defaults).
 
-    Minimises, over W [D, C] and b [C],
-
-        (1/N) Σ_n L(z_n W + b; y_n) + (weight_decay / 2) ‖W‖²_F,
-
-    where L is a Fenchel–Young loss (see :func:`probe_loss`): the cross-entropy of softmax
-    (``"softmax"``, multinomial logistic regression) or the sparsemax loss (``"sparsemax"``, whose
-    class probabilities have exact zeros), and z_n are the features
-    standardised with the *train* mean and (population) std (constant features get std 1, so they
-    never produce NaN; ``standardize=False`` uses the raw features). The bias is not penalised.
-
-    The problem is strongly convex; it is solved full-batch with L-BFGS-B (scipy) in float64,
-    until the largest entry of the objective's gradient is at most ``tol`` or after ``max_iter``
-    iterations. The default ``tol``, 1e-4 on the gradient of the *mean* loss (the convention of
-    scikit-learn's L-BFGS logistic regression), stops where the test accuracy has settled: a
-    tighter one costs several times the iterations and moves it by a few test inputs at most
-    (docs/metrics.md gives the measurements). The gradient is written out (p − one-hot in the
-    logits, for either loss) rather than taken by autograd. Standardisation is folded into the
-    weights (z W + b = x (W/σ) + b − (μ/σ) W), so no
-    standardised copy of the features is made and sparse codes stay sparse: when at most
-    ``SPARSE_DENSITY`` of the train features are nonzero (or ``sparse=True``), each objective
-    evaluation is one compiled pass over a CSR copy of x (logits, loss and both gradients row by
-    row, in fixed row blocks shared among ``torch.get_num_threads()`` threads); otherwise two
-    dense matrix products in ``dtype`` around a compiled loss loop. The work runs on the CPU;
-    the weights come back there. ``seed`` seeds the small random initial weights through a private
-    generator (the global RNG is untouched); the same inputs and seed give identical results on a
-    given machine, whatever the number of threads.
-
-    Each loss in ``losses`` is fitted from the same start on one preparation of the features (the
-    checks, the standardisation statistics and the CSR copy are shared), so that each result equals
-    the one-loss call ``linear_probe(..., loss=loss)`` with the same arguments.
-
-    The defaults (weight_decay 1e-3) put the raw-pixel baseline close to the published
-    accuracies of multinomial logistic regression on both datasets (quoted in docs/metrics.md).
-    The raw-pixel baseline (``raw_pixel_baseline``, an alias of ``linear_probe``) is the same
-    fit on pixels::
-
-        from sae.data.images import load_arrays, to_float
-        a = load_arrays("mnist")
-        baseline = linear_probe(to_float(a.train_images), torch.from_numpy(a.train_labels),
-                                to_float(a.test_images), torch.from_numpy(a.test_labels))
-        baseline.test_accuracy
-
-    and an SAE's probe is the same call on its train-set and test-set codes.
+    Each loss is fitted from the same start on one preparation of the features (the checks, the
+    standardisation statistics and the CSR copy are shared), so that each result equals the
+    one-loss call ``linear_probe(..., loss=loss)`` with the same arguments.
 
     Args:
         train_features: [N, D] (or [N, *image]) features of the training set.
@@ -429,6 +431,35 @@ def linear_probes(
         iterations used, whether the sparse pass was used, the weights in raw feature space, and
         the mean number of classes with nonzero test probability.
     """
+    xtr, ytr, xte, yte, n_classes = _probe_data(train_features, train_labels, test_features,
+                                                test_labels, losses, n_classes)
+    problem = _ProbeProblem(xtr, ytr, n_classes, standardize, sparse, dtype)
+    d = problem.d
+    gen = torch.Generator().manual_seed(seed)
+    w0 = (torch.randn(d, n_classes, generator=gen, dtype=torch.float64)
+          * (0.01 / math.sqrt(d))).numpy()
+    fits = {}
+    try:
+        for loss in losses:
+            fits[loss] = _fit_probe(problem, loss, w0, weight_decay=weight_decay,
+                                    max_iter=max_iter, history_size=history_size, tol=tol)
+    finally:
+        problem.close()
+    xtr_cpu, ytr_cpu = xtr.detach().cpu(), ytr.cpu()
+    xte_cpu, yte_cpu = xte.detach().cpu(), yte.cpu()
+    results = {}
+    for loss, (w_raw, b_raw, value, n_iter) in fits.items():
+        w, b = torch.from_numpy(w_raw).to(dtype), torch.from_numpy(b_raw).to(dtype)
+        results[loss] = ProbeResult(
+            test_accuracy=_accuracy(xte_cpu, yte_cpu, w, b),
+            train_accuracy=_accuracy(xtr_cpu, ytr_cpu, w, b),
+            train_loss=value, n_iter=n_iter, sparse=problem.sparse, weight=w, bias=b,
+            loss=loss, test_support=_support(xte_cpu, w, b, loss))
+    return results
+
+
+def _probe_data(train_features, train_labels, test_features, test_labels, losses, n_classes):
+    """(train x [N, D], train y, test x, test y, C) of :func:`linear_probes`, checked."""
     for loss in losses:
         if loss not in PROBE_LOSSES:
             raise ValueError(f"probe loss must be one of {', '.join(PROBE_LOSSES)}, not {loss!r}")
@@ -446,35 +477,7 @@ def linear_probes(
     for y in (ytr, yte):
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
             raise ValueError(f"labels must lie in [0, {n_classes})")
-    problem = _ProbeProblem(xtr, ytr, n_classes, standardize, sparse, dtype)
-    d = problem.d
-    gen = torch.Generator().manual_seed(seed)
-    w0 = (torch.randn(d, n_classes, generator=gen, dtype=torch.float64)
-          * (0.01 / math.sqrt(d))).numpy()
-    xtr_cpu, ytr_cpu = xtr.detach().cpu(), ytr.cpu()
-    xte_cpu, yte_cpu = xte.detach().cpu(), yte.cpu()
-    fits = {}
-    try:
-        for loss in losses:
-            fits[loss] = _fit_probe(problem, loss, w0, weight_decay=weight_decay,
-                                    max_iter=max_iter, history_size=history_size, tol=tol)
-    finally:
-        problem.close()
-    results = {}
-    for loss, (w_raw, b_raw, value, n_iter) in fits.items():
-        w, b = torch.from_numpy(w_raw).to(dtype), torch.from_numpy(b_raw).to(dtype)
-        results[loss] = ProbeResult(
-            test_accuracy=_accuracy(xte_cpu, yte_cpu, w, b),
-            train_accuracy=_accuracy(xtr_cpu, ytr_cpu, w, b),
-            train_loss=value,
-            n_iter=n_iter,
-            sparse=problem.sparse,
-            weight=w,
-            bias=b,
-            loss=loss,
-            test_support=_support(xte_cpu, w, b, loss),
-        )
-    return results
+    return xtr, ytr, xte, yte, n_classes
 
 
 def linear_probe(

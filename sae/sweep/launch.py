@@ -473,8 +473,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
     pending = {}
     for run in runs:
         if states[id(run)] not in ("done", "busy"):
-            folder = sweep_dir / run.rel
-            log = log_path(sweep_dir, run)
+            folder, log = sweep_dir / run.rel, log_path(sweep_dir, run)
             command = train_command(run, folder, states[id(run)])
             pending[pool.submit(run, command, log, analyse=True)] = (run, log)
     progress.to_train = len(pending)
@@ -482,30 +481,12 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
     finished: list[Run] = [run for run in runs if states[id(run)] == "done"]
     try:
         for run in runs:  # finished before: analyse them while the trainings run
-            folder = sweep_dir / run.rel
-            if states[id(run)] == "done":
-                progress.skipped += 1
-                a = analyse(run, folder)
-                say(progress.line(run, "skipped (finished)", _metrics_note(folder, a)))
-            elif states[id(run)] == "busy":
-                progress.failed += 1
-                say(progress.line(run, "FAILED (busy)", "another process is training it; "
-                                  "left alone"))
+            _report_earlier(run, states[id(run)], sweep_dir / run.rel, progress, analyse, say)
         for future in _completed(pending):
             run, log = pending[future]
-            folder = sweep_dir / run.rel
-            code, seconds = future.result()
-            if code == 0 and run_state(folder) == "done":
-                progress.trained += 1
-                progress.trained_seconds += seconds
+            if _report_trained(run, log, future.result(), sweep_dir / run.rel, progress,
+                               analyse, say):
                 finished.append(run)
-                a = analyse(run, folder)
-                say(progress.line(run, f"trained in {seconds:.1f} s",
-                                  _metrics_note(folder, a)))
-            else:
-                progress.failed += 1
-                say(progress.line(run, f"FAILED (exit {code})",
-                                  f"{_last_line(log)} [log: {log}]"))
             completed += 1
             if not idle_called and 0 < len(pending) - completed < jobs:
                 idle_called = True
@@ -519,3 +500,32 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
         raise
     pool.close()
     return analyses, progress.failed
+
+
+def _report_earlier(run: Run, state: str, folder: Path, progress: Progress, analyse,
+                    say: Callable[[str], None]) -> None:
+    """The line of a run that was not trained now: finished before (analysed here), or busy in
+    another process (left alone, counted as failed)."""
+    if state == "done":
+        progress.skipped += 1
+        a = analyse(run, folder)
+        say(progress.line(run, "skipped (finished)", _metrics_note(folder, a)))
+    elif state == "busy":
+        progress.failed += 1
+        say(progress.line(run, "FAILED (busy)", "another process is training it; left alone"))
+
+
+def _report_trained(run: Run, log: Path, outcome: tuple[int, float], folder: Path,
+                    progress: Progress, analyse, say: Callable[[str], None]) -> bool:
+    """The line of a run whose training ended (``outcome``: exit code, seconds), analysed when
+    it finished; whether it did."""
+    code, seconds = outcome
+    if code == 0 and run_state(folder) == "done":
+        progress.trained += 1
+        progress.trained_seconds += seconds
+        a = analyse(run, folder)
+        say(progress.line(run, f"trained in {seconds:.1f} s", _metrics_note(folder, a)))
+        return True
+    progress.failed += 1
+    say(progress.line(run, f"FAILED (exit {code})", f"{_last_line(log)} [log: {log}]"))
+    return False

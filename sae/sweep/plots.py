@@ -179,85 +179,98 @@ def _label_axes(ax: Axes, points: list[tuple]) -> None:
     and the axes' size before layout let labels of crowded points overlap).
     The figure's layout must be done (:func:`_place_labels`).
     """
-    frac = ax.transAxes.inverted()  # display -> axes fraction
-    per_point = ax.figure.dpi / 72  # display units per point
-    pad = 0.5 * per_point  # half a point to spare between labels
-    clear = (_MARKER_SIZE / 2 + 0.5) * per_point  # from a line, a marker's radius
-    obstacles = _line_points(ax)
-    placed: list[tuple[float, float, float, float]] = []
+    placer = _LabelPlacer(ax)
+    for x, y, text, colour, rank in sorted(points, key=lambda p: p[4]):
+        placer.place(x, y, text, colour, rank)
 
-    def box(label, margin: float) -> tuple[float, float, float, float]:
-        (x0, y0), (x1, y1) = frac.transform(
+
+class _LabelPlacer:
+    """The greedy placement of :func:`_label_axes` on one axes: the boxes placed so far and the
+    points no label may hold (lines, markers, leader lines), in axes fractions."""
+
+    def __init__(self, ax: Axes):
+        self.ax = ax
+        self.frac = ax.transAxes.inverted()  # display -> axes fraction
+        self.per_point = ax.figure.dpi / 72  # display units per point
+        self.pad = 0.5 * self.per_point  # half a point to spare between labels
+        self.clear = (_MARKER_SIZE / 2 + 0.5) * self.per_point  # from a line, a marker's radius
+        self.obstacles = _line_points(ax)
+        self.placed: list[tuple[float, float, float, float]] = []
+        # the markers' centres in display units: a leader line passing one would seem to name it
+        self.markers = np.concatenate([line.get_transform().transform(line.get_xydata())
+                                       for line in ax.get_lines()
+                                       if line.get_marker() not in (None, "", "None", " ")]
+                                      or [np.zeros((0, 2))])
+        self.far = [(r * np.cos(a), r * np.sin(a)) for r in _LEADER_RINGS
+                    for a in np.deg2rad(np.arange(45, 405, 22.5))]
+
+    def box(self, label, margin: float) -> tuple[float, float, float, float]:
+        (x0, y0), (x1, y1) = self.frac.transform(
             label.get_window_extent().padded(margin).get_points())
         return x0, y0, x1, y1
 
-    def fits(label, lines: bool = True) -> bool:
-        x0, y0, x1, y1 = box(label, pad)
+    def fits(self, label, lines: bool = True) -> bool:
+        x0, y0, x1, y1 = self.box(label, self.pad)
         if not (0 <= x0 and 0 <= y0 and x1 <= 1 and y1 <= 1) or any(
-                x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in placed):
+                x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in self.placed):
             return False
-        x0, y0, x1, y1 = box(label, clear)
-        return not lines or not ((obstacles[:, 0] > x0) & (obstacles[:, 0] < x1)
-                                 & (obstacles[:, 1] > y0) & (obstacles[:, 1] < y1)).any()
+        x0, y0, x1, y1 = self.box(label, self.clear)
+        o = self.obstacles
+        return not lines or not ((o[:, 0] > x0) & (o[:, 0] < x1)
+                                 & (o[:, 1] > y0) & (o[:, 1] < y1)).any()
 
-    def leader_line(label, x: float, y: float) -> np.ndarray:
+    def leader_line(self, label, x: float, y: float) -> np.ndarray:
         """Points along the line from the label's edge to the marker's edge (axes
         fractions), about a point apart."""
-        extent = label.get_window_extent().padded(pad)
+        extent = label.get_window_extent().padded(self.pad)
         centre = np.array([extent.x0 + extent.x1, extent.y0 + extent.y1]) / 2
-        way = ax.transData.transform((x, y)) - centre  # display units
+        way = self.ax.transData.transform((x, y)) - centre  # display units
         half = np.array([extent.width, extent.height]) / 2
         start = centre + way * min(half / np.maximum(np.abs(way), 1e-9))
-        end = centre + way * (1 - clear / max(float(np.hypot(*way)), 1e-9))
-        n = max(2, int(np.hypot(*(end - start)) / per_point))
-        return frac.transform(start + np.linspace(0, 1, n)[:, None] * (end - start))
+        end = centre + way * (1 - self.clear / max(float(np.hypot(*way)), 1e-9))
+        n = max(2, int(np.hypot(*(end - start)) / self.per_point))
+        return self.frac.transform(start + np.linspace(0, 1, n)[:, None] * (end - start))
 
-    # the markers' centres in display units: a leader line passing one would seem to name it
-    markers = np.concatenate([line.get_transform().transform(line.get_xydata())
-                              for line in ax.get_lines()
-                              if line.get_marker() not in (None, "", "None", " ")]
-                             or [np.zeros((0, 2))])
-
-    def crosses_a_label(line: np.ndarray, x: float, y: float) -> bool:
+    def crosses_a_label(self, line: np.ndarray, x: float, y: float) -> bool:
         if any(((line[:, 0] > b[0]) & (line[:, 0] < b[2]) & (line[:, 1] > b[1])
-                & (line[:, 1] < b[3])).any() for b in placed):
+                & (line[:, 1] < b[3])).any() for b in self.placed):
             return True
-        own = ax.transData.transform((x, y))
-        others = markers[np.hypot(*(markers - own).T) > 1.0]
-        shown = ax.transAxes.transform(line)
+        own = self.ax.transData.transform((x, y))
+        others = self.markers[np.hypot(*(self.markers - own).T) > 1.0]
+        shown = self.ax.transAxes.transform(line)
         near = np.hypot(shown[:, None, 0] - others[None, :, 0],
                         shown[:, None, 1] - others[None, :, 1])
-        return bool((near < 2 * clear).any())
+        return bool((near < 2 * self.clear).any())
 
-    far = [(r * np.cos(a), r * np.sin(a)) for r in _LEADER_RINGS
-           for a in np.deg2rad(np.arange(45, 405, 22.5))]
-    for x, y, text, colour, rank in sorted(points, key=lambda p: p[4]):
+    def first_fit(self, x: float, y: float, text: str, colour, rank: int):
+        """(label, whether it has a leader line) at the first place that fits, or None."""
         tries = [(dx, dy, False) for dx, dy in _LABEL_OFFSETS]
         if rank <= 1:  # a k, or a line's end: further out, with a line to its point
-            tries += [(dx, dy, True) for dx, dy in far]
-        chosen = None
+            tries += [(dx, dy, True) for dx, dy in self.far]
         for lines in ((True, False) if rank == 0 else (True,)):
             for dx, dy, leader in tries:
-                label = ax.annotate(
+                label = self.ax.annotate(
                     text, (x, y), xytext=(dx, dy), textcoords="offset points",
                     ha="center" if leader or dx == 0 else "right" if dx < 0 else "left",
                     va="center" if leader else "bottom", fontsize="xx-small", color=colour)
-                if fits(label, lines) and not (leader and crosses_a_label(
-                        leader_line(label, x, y), x, y)):
-                    chosen = (label, leader)
-                    break
+                if self.fits(label, lines) and not (leader and self.crosses_a_label(
+                        self.leader_line(label, x, y), x, y)):
+                    return label, leader
                 label.remove()
-            if chosen:
-                break
+        return None
+
+    def place(self, x: float, y: float, text: str, colour, rank: int) -> None:
+        chosen = self.first_fit(x, y, text, colour, rank)
         if chosen is None:
-            continue
+            return
         label, leader = chosen
-        placed.append(box(label, pad))
+        self.placed.append(self.box(label, self.pad))
         if leader:  # a thin line from the label to its point, which later labels keep off
-            line = leader_line(label, x, y)
-            ax.add_line(Line2D(line[[0, -1], 0], line[[0, -1], 1], transform=ax.transAxes,
-                               color=colour, lw=0.6, alpha=0.8))
-            obstacles = np.concatenate([obstacles, line])
+            line = self.leader_line(label, x, y)
+            self.ax.add_line(Line2D(line[[0, -1], 0], line[[0, -1], 1],
+                                    transform=self.ax.transAxes, color=colour, lw=0.6,
+                                    alpha=0.8))
+            self.obstacles = np.concatenate([self.obstacles, line])
 
 
 def _ends_first(n: int) -> list[int]:

@@ -368,7 +368,6 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
     names += [str(c) for c in range(len(names), labels_needed)]
     names = names[:labels_needed]
     short = _short_names(names)
-    n = int(stats["n_inputs"])
 
     shown = stats["top_index"].shape[1] + stats["band_index"][0].size
     per_unit = min(shown, ATTRIBUTION_BUDGET // max(h, 1))
@@ -377,11 +376,34 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
     act_fmt = _decimals_fmt(stats["max_activation"])  # mean and max activations alike
     shown_names = names if labelled else None
     units = [_unit(stats, j, sprites, shown_names, act_fmt) for j in range(h)]
+    css = _page_sprites(sprites, atoms, atom_shape, images if texts is None else None, shape)
+    embedding = inline_png(embedding_png, "code embedding by class") if embedding_png else None
+    return ENV.get_template("features.html.j2").render(
+        title=title, subtitle=subtitle, summary=_summary(stats), base_css=Markup(PAGE_CSS),
+        sprite_css=Markup(css), report=None if report is None else
+        {"href": report[0], "exists": report[1]},
+        min_firings=int(stats["min_firings"]), class_names=names, labelled=labelled,
+        columns=[c for c in _COLUMNS if labelled or c[0] not in _CLASS_COLUMNS],
+        rows=[_row(stats, j, shown_names, act_fmt) for j in range(h)], units=units,
+        short=short, legend=list(enumerate(names)) if labelled and short != names else [],
+        n_inputs=f"{int(stats['n_inputs']):,}", n_top=stats["top_index"].shape[1],
+        n_bands=stats["band_index"].shape[1], per_band=stats["band_index"].shape[2],
+        has_attribution="top_attribution" in stats, images_in=embedding_beside_pixels,
+        embedding=embedding,
+        embedding_beside_pixels=embedding_beside_pixels,
+        attribution_cut=per_unit if per_unit < shown else None)
+
+
+def _page_sprites(sprites: _Sprites, atoms: np.ndarray, atom_shape: tuple[int, int],
+                  images: np.ndarray | None, shape: tuple[int, int]) -> str:
+    """The CSS of the page's three sprite sheets: the atoms, the inputs the units show
+    (``images``; None for inputs shown as text) and their attributions."""
+    h = len(atoms)
     atom_png, atom_cols = _sprite_png(_atom_tiles(atoms, atom_shape), _diverging_palette())
     scale = max(1, min(_SCALE_ATOM, 96 // max(atom_shape)))  # large grids drawn smaller
     css = _sprite_css(".sa", atom_png, atom_cols, math.ceil(h / atom_cols), atom_shape, scale)
     used = sprites.used
-    if texts is None:
+    if images is not None:
         input_png, input_cols = _sprite_png(_input_tiles(images[used] if len(used) else
                                                          np.zeros((1, *shape))), _grey_palette())
         css += _sprite_css(".t i", input_png, input_cols,
@@ -391,14 +413,18 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
         attr_png, attr_cols = _sprite_png(tiles, _diverging_palette(_ATTR_LEVELS))
         css += _sprite_css(".t i.a", attr_png, attr_cols, math.ceil(len(tiles) / attr_cols),
                            shape, _SCALE_INPUT)
+    return css
 
-    dead = int(stats["dead"].sum())
-    dense = int(stats["dense"].sum())
-    l0 = float(stats["frequency"].sum())
-    threshold = float(stats["threshold"])
+
+def _summary(stats: dict[str, np.ndarray]) -> str:
+    """The page's opening paragraph: units, inputs, the firing rule, L0, dead and dense units,
+    and the linear probe's accuracy when it was fitted."""
+    h, n = len(stats["atoms"]), int(stats["n_inputs"])
+    dead, dense = int(stats["dead"].sum()), int(stats["dense"].sum())
     summary = (f"{h:,} units, {n:,} test inputs; a unit fires when its code is above "
-               f"{threshold:g}. Mean L0 {l0:.3g}; {dead:,} dead (never fire), {dense:,} dense "
-               f"(fire on more than half of the inputs).")
+               f"{float(stats['threshold']):g}. Mean L0 {float(stats['frequency'].sum()):.3g}; "
+               f"{dead:,} dead (never fire), {dense:,} dense (fire on more than half of the "
+               "inputs).")
     if "probe_accuracy" in stats:
         fitted = (f"the codes of {int(stats['probe_train_inputs']):,} training inputs"
                   if "probe_train_inputs" in stats else "training codes")
@@ -406,18 +432,4 @@ def render_features_page(stats: dict[str, np.ndarray], images: np.ndarray, title
                     f"{100 * float(stats['probe_accuracy']):.1f} % of these test inputs "
                     f"correctly; each unit lists the classes its weights favour (per standard "
                     f"deviation of the unit).")
-    embedding = inline_png(embedding_png, "code embedding by class") if embedding_png else None
-    return ENV.get_template("features.html.j2").render(
-        title=title, subtitle=subtitle, summary=summary, base_css=Markup(PAGE_CSS),
-        sprite_css=Markup(css), report=None if report is None else
-        {"href": report[0], "exists": report[1]},
-        min_firings=int(stats["min_firings"]), class_names=names, labelled=labelled,
-        columns=[c for c in _COLUMNS if labelled or c[0] not in _CLASS_COLUMNS],
-        rows=[_row(stats, j, shown_names, act_fmt) for j in range(h)], units=units,
-        short=short, legend=list(enumerate(names)) if labelled and short != names else [],
-        n_inputs=f"{n:,}", n_top=stats["top_index"].shape[1],
-        n_bands=stats["band_index"].shape[1], per_band=stats["band_index"].shape[2],
-        has_attribution="top_attribution" in stats, images_in=embedding_beside_pixels,
-        embedding=embedding,
-        embedding_beside_pixels=embedding_beside_pixels,
-        attribution_cut=per_unit if per_unit < shown else None)
+    return summary

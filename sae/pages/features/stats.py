@@ -1,7 +1,43 @@
 """Per-unit statistics of a code matrix: what each unit of an SAE fires on (pure numpy in/out).
 
 :func:`feature_stats` is the feature browser's first layer (:mod:`sae.pages.features`): codes,
-labels, inputs and decoder atoms in, one array per statistic out.
+labels, inputs and decoder atoms in, one array per statistic out. Its numpy arrays, for H units,
+C classes and K = ``n_top``:
+
+- ``frequency`` [H]: share of inputs the unit fires on; ``fire_count`` [H] the count;
+- ``mean_activation``, ``max_activation`` [H]: over the inputs it fires on (0 if dead);
+- ``class_rate`` [H, C]: share of the inputs of each class that it fires on;
+- ``class_dist`` [H, C]: ``class_rate`` normalised to sum 1 per unit: the class distribution of
+  its firing with every class weighted equally (so an unequal number of test inputs per class
+  does not look like a preference); all 0 for a dead unit;
+- ``selectivity`` [H]: ``1 − H(class_dist) / log C'``, H the Shannon entropy and C' the number
+  of classes present (:func:`sae.metrics.class_selectivity`): 1 for a unit that fires on one
+  class only, 0 for one that fires at the same rate in every class. NaN for dead units and when
+  C' < 2;
+- ``preferred_class`` [H]: the class the unit *prefers*: the class most of its top inputs
+  belong to (``top_label``; a tie goes to the class whose inputs among them have the larger
+  summed activation), so that it is what its strongest firings show; -1 for dead units;
+- ``top_index``, ``top_activation``, ``top_label`` [H, K]: the inputs with the largest
+  activation, largest first, and their classes; slots beyond the unit's firing count hold index
+  -1, activation 0 and label -1;
+- ``hist_counts`` [H, bins], ``hist_edges`` [H, bins + 1]: histogram of the activations of the
+  inputs it fires on, ``bins`` equal bins from ``threshold`` to its max activation; the counts
+  sum to ``fire_count``;
+- ``band_index``, ``band_activation`` [H, B, P], ``band_low``, ``band_high`` [H, B]:
+  :func:`band_examples` (B = ``n_bands``, P = ``per_band``), strongest band first;
+  ``band_label`` [H, B, P] their classes (-1 for empty slots);
+- ``nearest_index``, ``nearest_cosine`` [H, M]: :func:`nearest_units` (M = ``n_nearest``);
+- ``ranked`` [H]: fires on at least ``min_firings`` inputs, so its selectivity is more than the
+  chance pattern of a handful of firings; ``min_firings``: 0-d array;
+- with ``encoder``: ``top_attribution`` [H, K, D] and ``band_attribution`` [H, B, P, D], int8
+  in [-127, 127]: :func:`attributions` of each shown input divided by ``attribution_scale`` [H]
+  (the largest |value| among the unit's shown inputs) times 127, so a unit's tiles share one
+  colour scale; 0 for empty slots;
+- ``dead`` [H]: fires on no input; ``dense`` [H]: fires on more than half of them;
+- ``atom_cosine`` [H]: cosine between the unit's atom and the mean of its top inputs minus the
+  mean input: near 1 when the atom draws what makes the unit fire (NaN if dead);
+- ``atoms`` [H, D]: the atoms, one row per unit;
+- ``n_inputs``, ``threshold``: 0-d arrays.
 """
 
 from __future__ import annotations
@@ -27,7 +63,8 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
                   centre: np.ndarray | None = None, n_bands: int = N_BANDS,
                   per_band: int = N_PER_BAND, n_nearest: int = N_NEAREST,
                   min_firings: int = MIN_FIRINGS) -> dict[str, np.ndarray]:
-    """Per-unit statistics of a code over an evaluation set.
+    """Per-unit statistics of a code over an evaluation set: the arrays the module's docstring
+    lists (H units, C classes, K = ``n_top``).
 
     A unit *fires* on an input when its code value is above ``threshold``
     (:func:`sae.metrics.active`: strict, NaN never fires).
@@ -47,51 +84,67 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
         n_bands, per_band: quantile bands and inputs per band (:func:`band_examples`).
         n_nearest: nearest units by decoder cosine kept per unit (:func:`nearest_units`).
         min_firings: a unit's selectivity ranks only with at least this many firings.
-
-    Returns:
-        numpy arrays, H units, C classes, K = ``n_top``:
-
-        - ``frequency`` [H]: share of inputs the unit fires on; ``fire_count`` [H] the count;
-        - ``mean_activation``, ``max_activation`` [H]: over the inputs it fires on (0 if dead);
-        - ``class_rate`` [H, C]: share of the inputs of each class that it fires on;
-        - ``class_dist`` [H, C]: ``class_rate`` normalised to sum 1 per unit: the class
-          distribution of its firing with every class weighted equally (so an unequal number of
-          test inputs per class does not look like a preference); all 0 for a dead unit;
-        - ``selectivity`` [H]: ``1 − H(class_dist) / log C'``, H the Shannon entropy and C' the
-          number of classes present (:func:`sae.metrics.class_selectivity`): 1 for a unit that
-          fires on one class only, 0 for one that fires at the same rate in every class. NaN for
-          dead units and when C' < 2;
-        - ``preferred_class`` [H]: the class the unit *prefers*: the class most of its top
-          inputs belong to (``top_label``; a tie goes to the class whose inputs among them have
-          the larger summed activation), so that it is what its strongest firings show; -1
-          for dead units;
-        - ``top_index``, ``top_activation``, ``top_label`` [H, K]: the inputs with the largest
-          activation, largest first, and their classes; slots beyond the unit's firing count
-          hold index -1, activation 0 and label -1;
-        - ``hist_counts`` [H, bins], ``hist_edges`` [H, bins + 1]: histogram of the activations
-          of the inputs it fires on, ``bins`` equal bins from ``threshold`` to its max
-          activation; the counts sum to ``fire_count``;
-        - ``band_index``, ``band_activation`` [H, B, P], ``band_low``, ``band_high`` [H, B]:
-          :func:`band_examples` (B = ``n_bands``, P = ``per_band``), strongest band first;
-          ``band_label`` [H, B, P] their classes (-1 for empty slots);
-        - ``nearest_index``, ``nearest_cosine`` [H, M]: :func:`nearest_units` (M = ``n_nearest``);
-        - ``ranked`` [H]: fires on at least ``min_firings`` inputs, so its selectivity is more
-          than the chance pattern of a handful of firings; ``min_firings``: 0-d array;
-        - with ``encoder``: ``top_attribution`` [H, K, D] and ``band_attribution``
-          [H, B, P, D], int8 in [-127, 127]: :func:`attributions` of each shown input divided by
-          ``attribution_scale`` [H] (the largest |value| among the unit's shown inputs) times
-          127, so a unit's tiles share one colour scale; 0 for empty slots;
-        - ``dead`` [H]: fires on no input; ``dense`` [H]: fires on more than half of them;
-        - ``atom_cosine`` [H]: cosine between the unit's atom and the mean of its top inputs
-          minus the mean input: near 1 when the atom draws what makes the unit fire (NaN if
-          dead);
-        - ``atoms`` [H, D]: the atoms, one row per unit;
-        - ``n_inputs``, ``threshold``: 0-d arrays.
     """
-    import torch
+    import torch  # the firing rule and the selectivity are the metrics' own (torch)
 
-    from sae.metrics import active, class_selectivity
+    from sae.metrics import active
 
+    codes, labels, x, atoms, c = _checked(codes, labels, x, atoms, n_classes, n_top, bins,
+                                          n_bands, per_band, n_nearest)
+    n, h = codes.shape
+    fires = active(torch.from_numpy(codes), threshold).numpy()  # [N, H]
+    count = fires.sum(0)
+    dead = count == 0
+    mean_act = np.where(dead, 0.0, np.where(fires, codes, 0.0).sum(0, dtype=np.float64)
+                        / np.maximum(count, 1))
+    max_act = np.where(dead, 0.0, np.where(fires, codes, -np.inf).max(0))
+    top_index, top_act = _top_inputs(codes, fires, n_top)
+    band_index, band_act, band_low, band_high = band_examples(codes, fires, n_bands, per_band)
+    unit_atoms = atoms.T  # [H, D]
+    nearest, nearest_cos = nearest_units(unit_atoms, n_nearest)
+    hist, edges = _histograms(codes, fires, max_act, threshold, bins)
+    extra = {} if encoder is None else _attribution_tiles(
+        x, encoder, centre, np.concatenate([top_index, band_index.reshape(h, -1)], axis=1),
+        n_top, n_bands, per_band)
+    return {
+        **extra,
+        "band_index": band_index,
+        "band_activation": band_act,
+        "band_label": _labels_at(labels, band_index),
+        "band_low": band_low,
+        "band_high": band_high,
+        "nearest_index": nearest,
+        "nearest_cosine": nearest_cos,
+        "ranked": count >= min_firings,
+        "min_firings": np.asarray(int(min_firings)),
+        "frequency": count / n,
+        "fire_count": count.astype(np.int64),
+        "mean_activation": mean_act,
+        "max_activation": max_act,
+        **_class_stats(fires, labels, c),
+        "preferred_class": _preferred(top_index, top_act, labels, c).astype(np.int64),
+        "top_index": top_index.astype(np.int64),
+        "top_activation": top_act,
+        "top_label": _labels_at(labels, top_index),
+        "hist_counts": hist.astype(np.int64),
+        "hist_edges": edges,
+        "dead": dead,
+        "dense": count / n > DENSE_LIMIT,
+        "atom_cosine": _atom_cosine(x, top_index, unit_atoms, dead),
+        "atoms": unit_atoms,
+        "n_inputs": np.asarray(n),
+        "threshold": np.asarray(float(threshold)),
+    }
+
+
+def _labels_at(labels: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The classes of the inputs ``index`` (any shape), -1 where an index is -1 (no input)."""
+    return np.where(index >= 0, labels[np.maximum(index, 0)], -1)
+
+
+def _checked(codes, labels, x, atoms, n_classes, n_top, bins, n_bands, per_band, n_nearest):
+    """The inputs of :func:`feature_stats` as arrays of the right dtypes and shapes, and the
+    number of classes; ValueError for anything else."""
     codes = np.asarray(codes, dtype=np.float32)
     labels = np.asarray(labels).astype(np.int64).ravel()
     if codes.ndim != 2 or len(codes) == 0:
@@ -108,23 +161,30 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
         raise ValueError(f"labels must lie in [0, {c}), got [{labels.min()}, {labels.max()}]")
     if min(n_top, bins, n_bands, per_band) < 1 or n_nearest < 0:
         raise ValueError("n_top, bins, n_bands and per_band must be >= 1, n_nearest >= 0")
+    return codes, labels, x, atoms, c
 
-    fires = active(torch.from_numpy(codes), threshold).numpy()  # [N, H]
-    count = fires.sum(0)
-    dead = count == 0
-    live = np.where(fires, codes, 0.0)
-    mean_act = np.where(dead, 0.0, live.sum(0, dtype=np.float64) / np.maximum(count, 1))
-    max_act = np.where(dead, 0.0, np.where(fires, codes, -np.inf).max(0))
 
-    onehot = np.zeros((n, c), dtype=np.float32)
-    onehot[np.arange(n), labels] = 1.0
+def _class_stats(fires: np.ndarray, labels: np.ndarray, c: int) -> dict[str, np.ndarray]:
+    """``class_rate``, ``class_dist`` and ``selectivity`` of the firings ``fires`` [N, H]."""
+    import torch  # sae.metrics.class_selectivity is torch's
+
+    from sae.metrics import class_selectivity
+
+    onehot = np.zeros((len(labels), c), dtype=np.float32)
+    onehot[np.arange(len(labels)), labels] = 1.0
     class_total = onehot.sum(0)
     class_rate = (fires.T.astype(np.float32) @ onehot) / np.maximum(class_total, 1)  # [H, C]
     rate_sum = class_rate.sum(1, keepdims=True)
-    class_dist = class_rate / np.where(rate_sum > 0, rate_sum, 1.0)
     _, selectivity = (t.numpy() for t in class_selectivity(
         torch.from_numpy(class_rate.T), torch.from_numpy(class_total > 0)))
+    return {"class_rate": class_rate,
+            "class_dist": class_rate / np.where(rate_sum > 0, rate_sum, 1.0),
+            "selectivity": selectivity}
 
+
+def _top_inputs(codes: np.ndarray, fires: np.ndarray, n_top: int):
+    """(``top_index``, ``top_activation``) [H, n_top]: each unit's largest firing inputs."""
+    n = len(codes)
     k = min(n_top, n)
     part = np.argpartition(-codes, k - 1, axis=0)[:k]  # [k, H], NaN sorts last
     vals = np.take_along_axis(codes, part, 0)
@@ -137,9 +197,12 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
     if k < n_top:
         top_index = np.pad(top_index, ((0, 0), (0, n_top - k)), constant_values=-1)
         top_act = np.pad(top_act, ((0, 0), (0, n_top - k)))
+    return top_index, top_act
 
-    preferred = _preferred(top_index, top_act, labels, c)
 
+def _histograms(codes, fires, max_act, threshold: float, bins: int):
+    """(``hist_counts`` [H, bins], ``hist_edges`` [H, bins + 1]) of each unit's firings."""
+    h = codes.shape[1]
     rows, units = np.nonzero(fires)
     width = (max_act - threshold) / bins
     width = np.where(width > 0, width, 1.0)
@@ -147,64 +210,37 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
     which = np.clip(which, 0, bins - 1)
     hist = np.bincount(units * bins + which, minlength=h * bins).reshape(h, bins)
     edges = threshold + (max_act - threshold)[:, None] * np.linspace(0.0, 1.0, bins + 1)[None]
+    return hist, edges
 
+
+def _atom_cosine(x, top_index, unit_atoms, dead) -> np.ndarray:
+    """``atom_cosine`` [H]: each atom against the mean of its unit's top inputs less the mean
+    input (NaN for dead units and zero vectors)."""
     valid = top_index >= 0
     gathered = x[np.where(valid, top_index, 0)] * valid[..., None]  # [H, K, D]
     top_mean = gathered.sum(1) / np.maximum(valid.sum(1), 1)[:, None] - x.mean(0)
-    unit_atoms = atoms.T  # [H, D]
     norms = np.linalg.norm(top_mean, axis=1) * np.linalg.norm(unit_atoms, axis=1)
     cosine = (top_mean * unit_atoms).sum(1) / np.where(norms > 0, norms, 1.0)
-    cosine = np.where(dead | (norms == 0), np.nan, cosine)
+    return np.where(dead | (norms == 0), np.nan, cosine)
 
-    band_index, band_act, band_low, band_high = band_examples(codes, fires, n_bands, per_band)
-    nearest, nearest_cos = nearest_units(unit_atoms, n_nearest)
-    extra: dict[str, np.ndarray] = {}
-    if encoder is not None:
-        encoder = np.asarray(encoder, dtype=np.float32)
-        if encoder.shape != (h, x.shape[1]):
-            raise ValueError(f"encoder must be [{h}, {x.shape[1]}], got shape {encoder.shape}")
-        centred = x - (0.0 if centre is None else np.asarray(centre, dtype=np.float32))
-        shown = np.concatenate([top_index, band_index.reshape(h, -1)], axis=1)
-        quantised = np.zeros((h, shown.shape[1], x.shape[1]), dtype=np.int8)
-        scale = np.zeros(h, dtype=np.float32)
-        for s in range(0, h, 256):  # bounded float temporaries
-            quantised[s:s + 256], scale[s:s + 256] = _quantised(
-                attributions(centred, encoder[s:s + 256], shown[s:s + 256]))
-        extra = {"top_attribution": quantised[:, :n_top],
-                 "band_attribution": quantised[:, n_top:].reshape(h, n_bands, per_band, -1),
-                 "attribution_scale": scale}
 
-    return {
-        **extra,
-        "band_index": band_index,
-        "band_activation": band_act,
-        "band_label": np.where(band_index >= 0, labels[np.maximum(band_index, 0)], -1),
-        "band_low": band_low,
-        "band_high": band_high,
-        "nearest_index": nearest,
-        "nearest_cosine": nearest_cos,
-        "ranked": count >= min_firings,
-        "min_firings": np.asarray(int(min_firings)),
-        "frequency": count / n,
-        "fire_count": count.astype(np.int64),
-        "mean_activation": mean_act,
-        "max_activation": max_act,
-        "class_rate": class_rate,
-        "class_dist": class_dist,
-        "selectivity": selectivity,
-        "preferred_class": preferred.astype(np.int64),
-        "top_index": top_index.astype(np.int64),
-        "top_activation": top_act,
-        "top_label": np.where(top_index >= 0, labels[np.maximum(top_index, 0)], -1),
-        "hist_counts": hist.astype(np.int64),
-        "hist_edges": edges,
-        "dead": dead,
-        "dense": count / n > DENSE_LIMIT,
-        "atom_cosine": cosine,
-        "atoms": unit_atoms,
-        "n_inputs": np.asarray(n),
-        "threshold": np.asarray(float(threshold)),
-    }
+def _attribution_tiles(x, encoder, centre, shown, n_top: int, n_bands: int,
+                       per_band: int) -> dict[str, np.ndarray]:
+    """``top_attribution``, ``band_attribution`` and ``attribution_scale`` of the inputs
+    ``shown`` [H, K + B·P] (:func:`attributions`, quantised by :func:`_quantised`)."""
+    h = len(shown)
+    encoder = np.asarray(encoder, dtype=np.float32)
+    if encoder.shape != (h, x.shape[1]):
+        raise ValueError(f"encoder must be [{h}, {x.shape[1]}], got shape {encoder.shape}")
+    centred = x - (0.0 if centre is None else np.asarray(centre, dtype=np.float32))
+    quantised = np.zeros((h, shown.shape[1], x.shape[1]), dtype=np.int8)
+    scale = np.zeros(h, dtype=np.float32)
+    for s in range(0, h, 256):  # bounded float temporaries
+        quantised[s:s + 256], scale[s:s + 256] = _quantised(
+            attributions(centred, encoder[s:s + 256], shown[s:s + 256]))
+    return {"top_attribution": quantised[:, :n_top],
+            "band_attribution": quantised[:, n_top:].reshape(h, n_bands, per_band, -1),
+            "attribution_scale": scale}
 
 
 def _preferred(top_index: np.ndarray, top_act: np.ndarray, labels: np.ndarray,
