@@ -198,7 +198,7 @@ def test_status_lines_name_the_tasks_in_progress_and_how_far_they_got():
 
 
 def test_progress_lines_say_the_step_the_rate_and_the_time_left():
-    from sae.training.callbacks import progress_line
+    from sae.training.progress import progress_line
 
     class Trainer:
         estimated_stepping_batches, global_step, current_epoch, max_epochs = 46798, 1200, 0, 2
@@ -240,7 +240,7 @@ def test_a_run_says_what_its_start_up_does_until_the_first_step(tmp_path, data_d
 
 
 def test_the_first_training_step_ends_the_status_lines():
-    from sae.training.callbacks import EpochLines
+    from sae.training.progress import EpochLines
 
     class Trainer:
         global_step = 0

@@ -119,7 +119,7 @@ def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks:
         # DDP ranks see shorter epochs
         val_interval, val_every_epochs = training.max_steps, None
     show_progress = progress == "on" or (progress == "auto" and sys.stderr.isatty())
-    from sae.training.callbacks import EpochLines, ProgressBar
+    from sae.training.progress import EpochLines, ProgressBar
 
     # a line per validation always (stdout); on a terminal a bar too (stderr); both first
     # among the callbacks: a step is drawn before a later one can stop the run at its end, and
