@@ -79,7 +79,7 @@ def max_rss_bytes(args, cwd, data_dir) -> tuple[int, int, str]:
     result = subprocess.run([sys.executable, "-c", probe, *map(str, args)], cwd=cwd,
                             env=cli_env(cwd, data_dir), capture_output=True, text=True,
                             timeout=300)
-    code, rss = map(int, result.stdout.split())
+    code, rss = map(int, result.stdout.splitlines()[-1].split())  # after any status lines
     return code, rss, result.stderr
 
 

@@ -13,6 +13,9 @@ run's settings with its final test metrics for TensorBoard's HParams view.
 
 from __future__ import annotations
 
+import signal
+import threading
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,8 +26,14 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from sae import figures, metrics
+from sae.data.images import EpochShuffle
+from sae.models import encode_dataset
+from sae.settings.config import SAEConfig
 from sae.settings.variants import variant
 from sae.system import io as sae_io
+from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
+from sae.training.convergence import read_validation
+from sae.training.runfolder import RunFolder
 
 
 def write_png(rgb: np.ndarray, path: Path) -> None:
@@ -191,8 +200,6 @@ def validation_stats(model, x: torch.Tensor, y: torch.Tensor, n_classes: int,
                      n_examples: int = 16, epoch: int = 0, step: int = 0) -> dict:
     """The statistics :class:`FigureCallback` gathers during a validation epoch, computed in one
     pass over x [N, D] with labels y [N] (for a run whose figures were not drawn in training)."""
-    from sae.models import encode_dataset
-
     x_hat, codes = encode_dataset(model, x)
     active = metrics.active(codes, model.fire_threshold).float()
     onehot = F.one_hot(y.long(), n_classes).float()
@@ -212,11 +219,6 @@ def validation_stats(model, x: torch.Tensor, y: torch.Tensor, n_classes: int,
 def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     """Draw a finished run's figures from its ``checkpoints/last.ckpt`` on its own validation
     split (what a sweep run skips while the sweep trains); returns the PNGs written."""
-    from sae.settings.config import SAEConfig
-    from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
-    from sae.training.convergence import read_validation
-    from sae.training.runfolder import RunFolder
-
     run = RunFolder(Path(run_dir))
     run_dir, settings = run.path, run.settings()
     state = read_checkpoint(run.checkpoint)
@@ -258,8 +260,6 @@ class EpochSeed(L.Callback):
         # not start a resumed epoch again (no on_train_epoch_start), and restores a loader's
         # own position only when the loader is made after the checkpoint is read (the models
         # make it earlier, to count the run's steps)
-        from sae.data.images import EpochShuffle
-
         resume, self._resume = self._resume, None
         if resume is None or resume[0] != trainer.current_epoch:
             return
@@ -271,8 +271,6 @@ class EpochSeed(L.Callback):
                                      "served": self.batches * loader.batch_size})
             # the resume is exact: Lightning, which sees a loader without a state of its own,
             # would warn that it is not resumable
-            import warnings
-
             warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
         self._continued = resume[0]
 
@@ -329,8 +327,6 @@ class StopOnSignal(L.Callback):
         self._saved_step = -1  # the step of the last checkpoint written
 
     def _handle(self, signum, frame) -> None:
-        import signal
-
         if self.signum is not None:  # a second signal: the usual, immediate stop
             previous = self._previous.get(signum)
             signal.signal(signum, previous)
@@ -342,17 +338,12 @@ class StopOnSignal(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         # after Lightning installed its own SIGTERM handler (after on_fit_start), which would
         # stop mid-validation
-        import signal
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        import signal
-
         for signum, previous in self._previous.items():
             if previous is not None:
                 signal.signal(signum, previous)

@@ -2,23 +2,52 @@
 
 Called by ``python -m sae.run`` (:mod:`sae.runner.command`, which then writes the pages) once the
 settings are checked and the run folder is claimed; everything heavy (torch, Lightning) is
-imported here, not there.
+imported here, at the top, not there: the command imports this module only once its settings are
+checked.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
 import sys
+import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import lightning.pytorch as L
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from sae.data.images import DataSourceError
+from sae.data.matrix import MatrixError
+from sae.data.matrixdata import train_moments
+from sae.data.modules import data_module
+from sae.data.streamed import SourceError
 from sae.settings.config import RunConfig
-from sae.system.process import Terminated, is_primary_process
+from sae.system.io import write_json
+from sae.system.process import Terminated, is_primary_process, line_ended
 from sae.system.status import task
+from sae.training import guards, runfolder
+from sae.training.callbacks import (
+    EpochSeed,
+    FigureCallback,
+    StopOnSignal,
+    StopRequested,
+    log_test_hparams,
+)
+from sae.training.checkpoints import SafeCheckpointIO, check_compatible, read_checkpoint
+from sae.training.convergence import final_validation, last_epoch_change, read_validation
+from sae.training.evaluate import evaluate
+from sae.training.module import training_module
+from sae.training.progress import EpochLines, ProgressBar
 
 __all__ = ["Terminated", "Trained", "TrainingSetupError", "quiet_lightning", "train"]
 
@@ -31,9 +60,6 @@ class TrainingSetupError(Exception):
 
 def quiet_lightning() -> None:
     """Keep the terminal for what matters: Lightning's banners and known-harmless warnings off."""
-    import logging
-    import warnings
-
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
     for message in (".*exists and is not empty.*", ".*does not have many workers.*",
@@ -65,10 +91,6 @@ def _bounded_logger_class():
     first use (module ``__getattr__``), so that importing
     this module does not import Lightning, while the class still pickles by name (DDP spawn).
     """
-    import threading
-
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     class BoundedTensorBoardLogger(TensorBoardLogger):
         def finalize(self, status: str) -> None:
             if status == "success":  # the run logs its test metrics next; then close()
@@ -107,11 +129,6 @@ def _one_line(e: BaseException) -> str:
 
 def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks: list,
                   loggers: list, preloaded: tuple[Path, dict] | None = None):
-    import lightning.pytorch as L
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from sae.training.checkpoints import SafeCheckpointIO
-
     training, hw, progress = config.train, config.hardware, config.output.progress
     val_interval, val_every_epochs = 1.0, 1
     if training.max_steps is not None and training.max_steps < steps_per_epoch:
@@ -119,8 +136,6 @@ def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks:
         # DDP ranks see shorter epochs
         val_interval, val_every_epochs = training.max_steps, None
     show_progress = progress == "on" or (progress == "auto" and sys.stderr.isatty())
-    from sae.training.progress import EpochLines, ProgressBar
-
     # a line per validation always (stdout); on a terminal a bar too (stderr); both first
     # among the callbacks: a step is drawn before a later one can stop the run at its end, and
     # a validation's metrics are shown before the figures of it are drawn (seconds)
@@ -152,14 +167,6 @@ def train(config: RunConfig) -> Trained | None:
     line per step. A Ctrl-C or SIGTERM during the fit stops after the training step in progress
     with that step's checkpoint (:class:`sae.training.callbacks.StopOnSignal`).
     """
-    import lightning.pytorch as L
-    import torch
-    from lightning.pytorch.callbacks import Timer
-    from lightning.pytorch.loggers import CSVLogger
-
-    from sae.training import runfolder
-    from sae.training.callbacks import StopOnSignal, StopRequested
-
     out, seed = Path(config.folder.out), config.train.seed
     quiet_lightning()
     L.seed_everything(seed, workers=True, verbose=False)
@@ -218,11 +225,6 @@ def new_module(config: RunConfig, dm):
     """The training module of a new model of ``config`` for the data ``dm``: its decoder bias
     and loss normaliser from the training rows, its decoder columns seeded from them with
     ``init: data`` (the same rows for the same --seed)."""
-    import torch
-
-    from sae.data.matrixdata import train_moments
-    from sae.training.module import training_module
-
     sae, seed = config.sae, config.train.seed
     mean, data_var = train_moments(dm)
     init_inputs = None
@@ -239,11 +241,6 @@ def new_module(config: RunConfig, dm):
 def run_callbacks(config: RunConfig, dm, timer) -> list:
     """The fit's callbacks but the stop on a signal: checkpoints (best and a true last after
     every validation), ``timer``, the epoch seed, the model's guards and the figures."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from sae.training.callbacks import EpochSeed
-    from sae.training.guards import training_callbacks
-
     out = Path(config.folder.out)
     callbacks = [
         ModelCheckpoint(dirpath=out / "checkpoints", filename="best", monitor="val/loss",
@@ -253,11 +250,9 @@ def run_callbacks(config: RunConfig, dm, timer) -> list:
                         save_top_k=1, enable_version_counter=False),
         timer,
         EpochSeed(config.train.seed),  # an epoch's randomness does not depend on a resume
-        *training_callbacks(config.sae),
+        *guards.training_callbacks(config.sae),  # looked up at each run: one may add its own
     ]
     if not config.output.no_figures:
-        from sae.training.callbacks import FigureCallback
-
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
                                         class_names=dm.class_names,
                                         images=not (config.data.data or config.data.source),
@@ -268,8 +263,6 @@ def run_callbacks(config: RunConfig, dm, timer) -> list:
 def checked_resume(config: RunConfig):
     """(checkpoint path, its checked state, its step, an earlier version's training seconds)
     of ``--resume``; (None, None, 0, 0.0) for a fresh run."""
-    from sae.training.checkpoints import check_compatible, read_checkpoint
-
     if config.folder.resume is None:
         return None, None, 0, 0.0
     ckpt = checkpoint_to_resume(config)
@@ -287,12 +280,6 @@ def checked_resume(config: RunConfig):
 
 def load_data(config: RunConfig):
     """The run's data module, loaded and checked (at least 2 images, not all the same)."""
-    from sae.data.images import DataSourceError
-    from sae.data.matrix import MatrixError
-    from sae.data.matrixdata import train_moments
-    from sae.data.modules import data_module
-    from sae.data.streamed import SourceError
-
     dm = data_module(config.settings(), batch_size=config.train.batch_size,
                      shuffle_seed=config.train.seed)
     what = "rows" if config.data.data or config.data.source else "images"
@@ -322,8 +309,6 @@ def status(label: str):
     never the last word while work goes on), its time when it ends. A terminal shows one line,
     ``label …`` completed in place (``label … 2.1 s``); a pipe or a log, which sees a line only
     once it ends, gets ``label …`` as the step starts and ``label … 2.1 s`` as it ends."""
-    from sae.system.process import line_ended
-
     terminal = sys.stdout.isatty()
     print(f"{label} …", end="" if terminal else "\n", flush=True)
     start = time.perf_counter()
@@ -353,11 +338,6 @@ class Trained:
 def finish(config: RunConfig, model, dm, trainer, wall: float) -> Trained:
     """After a completed fit (rank 0): test metrics to ``metrics.json`` and TensorBoard, with a
     status line; returns them with what the pages are made from."""
-    from sae.system.io import write_json
-    from sae.training.callbacks import log_test_hparams
-    from sae.training.convergence import final_validation, last_epoch_change, read_validation
-    from sae.training.evaluate import evaluate
-
     out, sae, training = Path(config.folder.out), config.sae, config.train
     with status("test metrics"):
         truth = getattr(dm, "truth", None)  # data made with known features
