@@ -51,7 +51,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sae.data.npyfile import NpyError, map_array, open_npy, open_rows, read_array, read_header
 from sae.data.scan import Scan, file_sha256, scan_matrix
+from sae.system import status
+from sae.system.io import UnsafePathError, read_bytes, read_text
 
 __all__ = ["FORMAT", "MatrixData", "MatrixError", "MatrixSplit", "checked", "describe",
            "file_sha256", "load_data", "open_matrix"]
@@ -74,8 +77,6 @@ class MatrixError(ValueError):
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool]:
     """Shape, dtype and Fortran order from a ``.npy`` header, without reading the data (or
     unpickling anything: an object dtype is refused from the header alone)."""
-    from sae.data.npyfile import NpyError, open_npy, read_header
-
     try:
         with open_npy(path) as f:
             header = read_header(f, path)
@@ -99,7 +100,6 @@ def open_matrix(path: str | Path):
     if dtype.type not in FLOAT_DTYPES:
         raise MatrixError(f"{path} holds {dtype} values; float16, float32 or float64 are "
                           "needed (convert with x.astype('float32'))")
-    from sae.data.npyfile import NpyError, open_rows
 
     try:  # the file opened again is checked again: the header's size against the file's
         return open_rows(path)
@@ -114,7 +114,6 @@ def _int_vector(path: Path, n: int, what: str, low: int = 0, high: int | None = 
         raise MatrixError(f"{path}: {what} of shape {shape}; ({n},) needed, one per row")
     if not np.issubdtype(dtype, np.integer):
         raise MatrixError(f"{path}: {what} are {dtype}; integers are needed")
-    from sae.data.npyfile import NpyError, read_array
 
     try:  # at most 8 bytes an integer, n of them: the shape was checked above
         values = read_array(path, limit=8 * max(n, 1)).astype(np.int64)
@@ -128,8 +127,6 @@ def _int_vector(path: Path, n: int, what: str, low: int = 0, high: int | None = 
 
 
 def _texts(path: Path, n: int) -> list[str]:
-    from sae.system.io import UnsafePathError, read_bytes
-
     limit = min(TEXT_LIMIT, n * TEXT_ROW_LIMIT)
     try:  # a regular file only (a FIFO or /dev/zero never ends), bounded by the bytes read
         raw = read_bytes(path, limit, follow_links=True)
@@ -235,7 +232,6 @@ def _bit_rows(path: Path, n: int) -> np.ndarray:
     if len(shape) != 2 or shape[0] != n or shape[1] < 1 or dtype != np.uint8:
         raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an ({n}, "
                           "ceil(F / 8)) uint8 array of packed bits is needed, one row per row")
-    from sae.data.npyfile import NpyError, map_array
 
     try:
         return map_array(path)
@@ -254,7 +250,6 @@ def _truth(spec: object, folder: Path, dim: int, splits: list[MatrixSplit]) -> n
             dtype.type not in FLOAT_DTYPES:
         raise MatrixError(f"{path}: true features of shape {shape} and dtype {dtype}; an (F, "
                           f"{dim}) float array is needed, F at most {TRUTH_FEATURES}")
-    from sae.data.npyfile import NpyError, read_array
 
     try:
         features = read_array(path, TRUTH_FEATURES * dim * 8).astype(np.float32)
@@ -275,7 +270,7 @@ def _truth(spec: object, folder: Path, dim: int, splits: list[MatrixSplit]) -> n
 def _image_count(dataset: str, split: str, data_dir: str | Path | None) -> int:
     """How many images a dataset's split holds (read from the IDX files where training will
     find them: ``data_dir``, else the usual sources of :func:`sae.data.images.load_arrays`)."""
-    from sae.data.images import DataSourceError, load_arrays
+    from sae.data.images import DataSourceError, load_arrays  # torch: only for images
 
     try:
         arrays = load_arrays(dataset, data_dir)
@@ -287,8 +282,6 @@ def _image_count(dataset: str, split: str, data_dir: str | Path | None) -> int:
 def manifest_name(path: str | Path) -> str | None:
     """A manifest's ``name`` (None when it has none or cannot be read): enough to name a run's
     folder without checking the files it names."""
-    from sae.system.io import read_text
-
     try:
         spec = json.loads(read_text(Path(path).expanduser(), MANIFEST_LIMIT, follow_links=True))
     except (OSError, ValueError, RecursionError):
@@ -298,8 +291,6 @@ def manifest_name(path: str | Path) -> str | None:
 
 
 def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
-    from sae.system.io import read_text
-
     try:
         spec = json.loads(read_text(path, MANIFEST_LIMIT, follow_links=True))
     except FileNotFoundError:
@@ -318,7 +309,7 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
         raise MatrixError(f"{path}: unknown keys {sorted(unknown)}")
     images = spec.get("images")
     if images is not None:
-        from sae.data.images import DATASETS
+        from sae.data.images import DATASETS  # torch: only for a manifest with images
 
         if not isinstance(images, dict) or images.get("dataset") not in DATASETS:
             raise MatrixError(f"{path}: \"images\" must be {{\"dataset\": one of "
@@ -452,8 +443,6 @@ def checked(path: str | Path, data_dir: str | Path | None = None) -> tuple[Matri
     SHA-256); read once per process while none of its files changes. The pass over the
     matrices is a start-up task (:mod:`sae.system.status`), its progress in bytes read.
     Raises :class:`MatrixError`."""
-    from sae.system import status
-
     path = Path(path).expanduser()
     key = (str(path), None if data_dir is None else str(data_dir))
     with _CHECKING:

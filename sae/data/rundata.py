@@ -15,10 +15,17 @@ report says so. A file is hashed once per process while its size and time stay t
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import threading
 from pathlib import Path
 
+from sae.data.imagefiles import find_folder, not_found, training_images
+from sae.settings.cli import SETTINGS
 from sae.settings.config import RunConfig
 from sae.settings.setting import UsageError
+from sae.system.io import open_regular, read_text, write_json
 
 __all__ = ["RECORD", "DataCheck", "changed_data", "check_data", "check_split", "check_sweep_data",
            "current_sha256", "header_record",
@@ -40,11 +47,6 @@ def current_sha256(path: str | Path) -> str:
     Raises:
         OSError: the file cannot be read (sae.system.io.UnsafePathError: not a regular file).
     """
-    import hashlib
-    import os
-
-    from sae.system.io import open_regular
-
     with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
         key = _stamp(str(path), os.fstat(f.fileno()))
         if key not in _HASHED:
@@ -58,8 +60,6 @@ def current_sha256(path: str | Path) -> str:
 def _remember(record: dict) -> None:
     """Keep the SHA-256 the checks computed, so that a page built in the same process does not
     read the files again."""
-    import os
-
     for split in ("train", "test"):
         entry = record.get(split)
         if isinstance(entry, dict):
@@ -93,10 +93,6 @@ def changed_data(folder: str | Path) -> str | None:
 
 def read_record(folder: str | Path) -> dict | None:
     """A run folder's data record; None when it has none (an image run) or it is damaged."""
-    import json
-
-    from sae.system.io import read_text
-
     try:
         value = json.loads(read_text(Path(folder) / RECORD))
     except (OSError, ValueError, RecursionError):
@@ -132,15 +128,13 @@ class DataCheck:
     result. It needs numpy only."""
 
     def __init__(self, path: str | Path, data_dir: str | Path | None = None):
-        import threading
-
         self.path, self.data_dir = path, data_dir
         self._outcome: tuple | None = None
         self._thread = threading.Thread(target=self._run, name="data-check", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        from sae.data.matrix import checked
+        from sae.data.matrix import checked  # numpy: in the thread, not at the start
 
         try:
             self._outcome = (checked(self.path, self.data_dir), None)
@@ -172,7 +166,7 @@ def check_data(config: RunConfig, pending: DataCheck | None = None) -> dict | No
             raise UsageError(f"cannot resume {out}: it was trained on --data "
                              f"{recorded.get('source')}; give that file, not images")
         return None
-    from sae.data.matrix import MatrixError, checked
+    from sae.data.matrix import MatrixError, checked  # numpy: only for --data runs
 
     try:
         _, record = pending.result() if pending is not None else \
@@ -196,10 +190,6 @@ MIN_TRAIN_ROWS = 2  # what training needs (sae.training.engine.load_data refuses
 def _image_count(dataset: str, data_dir) -> int | None:
     """The training images the dataset's files say they hold; None where the files are not
     found but may still be downloaded, or cannot tell. Offline and not found: UsageError."""
-    import os
-
-    from sae.data.imagefiles import find_folder, not_found, training_images
-
     folder = find_folder(dataset, data_dir)
     if folder is None:
         if os.environ.get("SAE_OFFLINE"):  # nothing will be downloaded: say so now
@@ -216,6 +206,7 @@ def header_record(settings: dict) -> dict | None:
     data = settings.get("data")
     if not data or Path(data).suffix.lower() == ".json":
         return None
+    # numpy: only for --data runs (an image run's command starts without it)
     from sae.data.matrix import FLOAT_DTYPES
     from sae.data.npyfile import NpyError, open_npy, read_header
 
@@ -252,8 +243,6 @@ def check_split(settings: dict, record: dict | None = None) -> None:
         holds, unit = f"{dataset} has {n:,} training images", "images"
     if carved * val + MIN_TRAIN_ROWS <= n:
         return
-    from sae.settings.cli import SETTINGS
-
     default = " (the default)" if val == SETTINGS["val_size"].default else ""
     test = " and as many test rows (it has no test split)" if carved == 2 else ""
     most = (n - MIN_TRAIN_ROWS) // carved
@@ -272,7 +261,7 @@ def check_sweep_data(sweep_dir: Path, runs) -> None:
         data = run.settings.get("data")
         if not data:
             continue
-        from sae.data.matrix import MatrixError, checked
+        from sae.data.matrix import MatrixError, checked  # numpy: only for --data runs
 
         if data not in records:
             try:
@@ -291,6 +280,4 @@ def check_sweep_data(sweep_dir: Path, runs) -> None:
 
 
 def write_record(out: Path, record: dict) -> None:
-    from sae.system.io import write_json
-
     write_json(Path(out) / RECORD, record)

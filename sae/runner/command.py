@@ -34,6 +34,7 @@ import traceback
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from sae.data.rundata import DataCheck, check_data, check_split, header_record, write_record
 from sae.settings.cli import (
     UsageError,
     build_parser,
@@ -78,7 +79,7 @@ def check_devices(config: RunConfig, on_stop=None) -> None:
     if not (needs_cuda or accelerator in ("gpu", "mps")):
         return
     with _importing(on_stop):
-        import torch
+        import torch  # only for a run that asks for a GPU
 
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if needs_cuda and not cuda:
@@ -112,15 +113,13 @@ def _importing(on_stop):
 def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     """The run's checked settings and, with --data, the record of its data (read and checked
     in full, on resume compared with the run's), all before the run folder is touched."""
-    from sae.data.rundata import DataCheck, check_data, check_split, header_record
-
     config = run_config(argv)
     if config.folder.resume == "last":
         runfolder.check_resume(config.folder.out)
     check_devices(config, on_stop)
     if config.data.source:  # the model's layer: opened and read once, before the folder
         with _importing(on_stop):
-            from sae.data.streamed import check_source
+            from sae.data.streamed import check_source  # torch: only for --source
         explicit = "source" in vars(build_parser(suppress=True).parse_args(argv))
         with status.task(f"opening --source {config.data.source} and reading its layer"):
             record = check_source(config, explicit)
@@ -148,6 +147,7 @@ def _import_training() -> None:
     """Import torch, Lightning and the training modules (seconds; see :func:`_importing`)."""
     import lightning.pytorch.loggers  # noqa: F401
 
+    # the training modules: importing them is this function's job, after the checks
     import sae.data.images
     import sae.models
     import sae.training.checkpoints
@@ -161,8 +161,6 @@ def _start(config: RunConfig, record: dict | None, out: Path, primary: bool,
     A failure undoes what it made and raises (UsageError, OSError)."""
     if not primary:
         return False
-    from sae.data.rundata import write_record
-
     folder = config.folder
     mode = "resume" if folder.resume is not None else "overwrite" if folder.overwrite else "new"
     # a start stopped by kill -9 is started again by the same command with --overwrite
@@ -258,6 +256,7 @@ def _written_by(e: BaseException, function) -> bool:
 
 
 def _train(config: RunConfig, out: Path, created: bool, primary: bool, say) -> int:
+    # torch and Lightning, already loaded by _import_training: not at this module's import
     from sae.data.images import DataSourceError
     from sae.training.checkpoints import CheckpointError, write_checkpoint
     from sae.training.engine import TrainingSetupError, train
@@ -310,17 +309,17 @@ def _train(config: RunConfig, out: Path, created: bool, primary: bool, say) -> i
 def write_pages(config: RunConfig, trained) -> None:
     """A finished run's pages, each with a status line: the feature browser (from the model, data
     and test codes in memory, :class:`sae.training.engine.Trained`) and the report."""
-    from sae.training.engine import status
+    from sae.training.engine import status  # loaded with the training, not at import
 
     out = Path(config.folder.out)
     if not config.output.no_features:
-        from sae.pages.features.build import write_features
+        from sae.pages.features.build import write_features  # plotting: only when it is made
 
         with status("feature browser"):
             write_features(out, trained.model, trained.datamodule, test_codes=trained.test_codes,
                            data_dir=config.data.data_dir)
     if not config.output.no_report:
-        from sae.pages.report import write_report
+        from sae.pages.report import write_report  # jinja2: only when it is made
 
         with status("report"):
             write_report(out)
