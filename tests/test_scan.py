@@ -264,3 +264,29 @@ def test_a_read_cut_short_by_the_system_goes_on_where_it_stopped(tmp_path, monke
     np.testing.assert_array_equal(rows[:], x)
     np.testing.assert_array_equal(rows[[39, 2, 3]], x[[39, 2, 3]])
     assert scan.scan_matrix(rows).sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_stop_signal_waits_for_a_held_block_while_our_threads_run(tmp_path):
+    """A stop the kernel hands to another thread runs the main thread's handler at once, so
+    every thread of the toolkit's own blocks the stop signals: signals_held then holds them."""
+    import os
+    import signal
+
+    from sae.data.rundata import DataCheck
+    from sae.system.process import signals_held
+
+    x = save(tmp_path / "x.npy", np.zeros((50, 4), np.float32))
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append("handled"))
+    try:
+        with status.StartupStatus(every=60, write=print):
+            check = DataCheck(x)
+            time.sleep(0.1)  # both threads have started
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.3)
+                got.append("end of the block")
+            check.result()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == ["end of the block", "handled"]

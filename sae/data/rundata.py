@@ -26,6 +26,7 @@ from sae.settings.cli import SETTINGS
 from sae.settings.config import RunConfig
 from sae.settings.setting import UsageError
 from sae.system.io import open_regular, read_text, write_json
+from sae.system.process import stop_signals_to_main_thread
 
 __all__ = ["RECORD", "DataCheck", "changed_data", "check_data", "check_split", "check_sweep_data",
            "current_sha256", "header_record",
@@ -134,6 +135,7 @@ class DataCheck:
         self._thread.start()
 
     def _run(self) -> None:
+        stop_signals_to_main_thread()
         from sae.data.matrix import checked  # numpy: in the thread, not at the start
 
         try:

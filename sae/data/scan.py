@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sae.system.process import stop_signals_to_main_thread
+
 __all__ = ["BLOCK_BYTES", "Scan", "file_sha256", "first_nonfinite_row", "first_unusable_row",
            "moments", "scan_matrix", "sums"]
 
@@ -122,7 +124,8 @@ def scan_matrix(x, progress: Callable[[int], None] | None = None) -> Scan:
     reads_file = hasattr(x, "read_into")
     digest = hashlib.sha256() if reads_file else None
     buffers = [np.empty(min(block_rows, n) * dim, x.dtype) for _ in range(2 if reads_file else 0)]
-    with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
+    with ThreadPoolExecutor(1, thread_name_prefix="sha256",
+                            initializer=stop_signals_to_main_thread) as hasher:
         if reads_file:
             _hash_range(x, digest, 0, x.offset)  # the header: the hash is the whole file's
         pending = None

@@ -36,6 +36,7 @@ from torch.utils.data import TensorDataset
 from sae.data.images import EpochShuffle, IndexedLoaders
 from sae.data.matrixdata import PCA_ROWS, TrainMoments, streamed_moments
 from sae.metrics import principal_components
+from sae.system.process import stop_signals_to_main_thread
 
 MOMENT_ROWS = 65536  # training inputs the mean row and variance are computed from, at most
 PYTHON_SOURCE = "python"  # --source of a (model, dataset) handed to sae.train
@@ -265,7 +266,8 @@ class StreamedRows:
         if following < len(self.index):  # the next chunk of this epoch, while this one trains
             from concurrent.futures import ThreadPoolExecutor
 
-            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="sae-source")
+            self._pool = self._pool or ThreadPoolExecutor(
+                1, thread_name_prefix="sae-source", initializer=stop_signals_to_main_thread)
             order = self.sampler.epoch_order(epoch)[following:following + self.chunk].copy()
             self._ahead = ((epoch, following), self._pool.submit(self._compute, order))
 

@@ -55,6 +55,7 @@ import torch
 
 from sae.metrics.basic import _column_mean_std, _flat
 from sae.settings.config import PROBE_LOSSES
+from sae.system.process import stop_signals_to_main_thread
 
 # --------------------------------------------------------------------------------------------------
 # linear probe
@@ -324,7 +325,8 @@ class _ProbeProblem:
 
         if self.pool is None or self.pool_threads != threads:
             self.close()
-            self.pool, self.pool_threads = ThreadPoolExecutor(threads), threads
+            self.pool = ThreadPoolExecutor(threads, initializer=stop_signals_to_main_thread)
+            self.pool_threads = threads
         return self.pool
 
     def close(self) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USAGE", "PARENT_ENV",
            "RUN_DIR_ENV", "STOPS", "STOP_SIGNALS", "Terminated", "end_process", "exit_now",
            "importing", "interrupted", "interruptible", "is_primary_process", "line_ended",
            "new_line_after_ctrl_c", "raise_terminated", "running_as", "signals_held",
-           "stop_code", "stop_with_parent", "stop_word"]
+           "stop_code", "stop_signals_to_main_thread", "stop_with_parent", "stop_word"]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -59,12 +60,31 @@ def interruptible():
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
+def stop_signals_to_main_thread() -> None:
+    """Called first in a thread of the toolkit's own: Ctrl-C and SIGTERM are then never handed
+    to it, only to the main thread. A stop signal the kernel hands to any thread runs the main
+    thread's Python handler, whatever the main thread blocks, so one thread that does not block
+    them would let a stop through :func:`signals_held` (a run folder half claimed, a start half
+    undone). Also a ``ThreadPoolExecutor``'s ``initializer``."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
 @contextmanager
 def signals_held(drop: bool = False):
     """Ctrl-C and SIGTERM wait while something that must not be cut short runs (a folder being
     made, an import): one that arrives meanwhile is raised at the end of the block, when what
     was made is known and can be undone; with ``drop`` (the command is stopping already) it is
-    dropped instead."""
+    dropped instead.
+
+    Blocking the signals in this thread is not enough: the kernel hands a stop to any thread
+    that does not block it (numpy's and torch's own threads among them), and Python then runs
+    the main thread's handler at once. So, in the main thread, the block's handlers only note a
+    stop, which is raised again once the block ends."""
+    main = threading.current_thread() is threading.main_thread()
+    noted: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum))
+                for s in STOP_SIGNALS} if main else {}
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -72,7 +92,11 @@ def signals_held(drop: bool = False):
         if drop:
             while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
                 pass
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a blocked one arrives here
+        if noted and not drop:
+            signal.raise_signal(noted[0])
 
 
 @contextmanager

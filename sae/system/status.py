@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from sae.system.process import stop_signals_to_main_thread
+
 __all__ = ["EVERY", "StartupStatus", "note", "running", "stop", "task"]
 
 EVERY = 4.0  # seconds between two status lines at most (a user waits 5 s at most for news)
@@ -52,6 +54,7 @@ class StartupStatus:
         return f"starting ({time.monotonic() - self._start:.0f} s): {'; '.join(parts)}"
 
     def _beat(self) -> None:
+        stop_signals_to_main_thread()
         while not self._stopped.wait(self.every):
             line = self.line()
             if line is not None:

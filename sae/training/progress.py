@@ -20,6 +20,8 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
+from sae.system.process import stop_signals_to_main_thread
+
 __all__ = ["PROGRESS_LINE_S", "EpochLines", "ProgressBar", "epoch_line", "epoch_text",
            "epochs_of", "progress_line"]
 
@@ -108,6 +110,7 @@ class ProgressBar(TQDMProgressBar):
 
     def _tick(self, stop: threading.Event) -> None:
         """Redraw the training bar while nothing else does (its clock moves on)."""
+        stop_signals_to_main_thread()
         while not stop.wait(TICK_S / 2):
             bar = self._train_progress_bar
             if bar is None or time.monotonic() - self._drawn < TICK_S:
