@@ -29,7 +29,7 @@ from sae.settings.cli import UsageError
 from sae.sweep.analysis import DataCache, analyse_run, analysis_is_current, run_metrics
 from sae.sweep.spec import Run
 from sae.system.io import open_regular
-from sae.system.process import PARENT_ENV, RUN_DIR_ENV, STOPS, stop_signals_to_main_thread
+from sae.system.process import PARENT_ENV, RUN_DIR_ENV, STOPS
 from sae.training import runfolder
 
 __all__ = ["Progress", "RunPool", "Worker", "check_folders", "gpu_device_nodes", "in_process",
@@ -247,8 +247,9 @@ class RunPool:
         self.lock = threading.Lock()
         self.live: set[subprocess.Popen] = set()
         self.stopping = False
-        self.executor = ThreadPoolExecutor(max_workers=jobs,
-                                           initializer=stop_signals_to_main_thread)
+        # not stop_signals_to_main_thread: these threads start the runs' processes, which
+        # would inherit the blocked signals and ignore the stop
+        self.executor = ThreadPoolExecutor(max_workers=jobs)
 
     def _gpu(self, slot: int) -> str | None:
         return self.gpus[slot % len(self.gpus)] if self.gpus else None

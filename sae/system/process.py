@@ -65,7 +65,8 @@ def stop_signals_to_main_thread() -> None:
     to it, only to the main thread. A stop signal the kernel hands to any thread runs the main
     thread's Python handler, whatever the main thread blocks, so one thread that does not block
     them would let a stop through :func:`signals_held` (a run folder half claimed, a start half
-    undone). Also a ``ThreadPoolExecutor``'s ``initializer``."""
+    undone). Also a ``ThreadPoolExecutor``'s ``initializer``. Never in a thread that starts
+    processes: they would inherit the blocked signals and ignore a stop."""
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
