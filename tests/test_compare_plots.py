@@ -5,6 +5,7 @@ import pandas as pd
 from sweep_helpers import summary
 
 from sae import figures
+from sae.figures import labels
 from sae.sweep import aggregate, plots
 
 # --------------------------------------------------------------------------- plots
@@ -149,7 +150,7 @@ def test_point_labels_cross_no_line():
 
     renderer = FigureCanvasAgg(fig).get_renderer()
     fig.draw(renderer)
-    lines = plots._line_points(ax, step=0.002)
+    lines = labels.line_points(ax, step=0.002)
     frac = ax.transAxes.inverted()
     for text in ax.texts:
         (x0, y0), (x1, y1) = frac.transform(text.get_window_extent(renderer).get_points())

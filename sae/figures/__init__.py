@@ -7,6 +7,8 @@ By audience:
 - :mod:`sae.figures.curves`: one run's training curves, drawn by its report;
 - :mod:`sae.figures.embedding`: a t-SNE of test codes coloured by class, drawn for the feature
   browser (imported on its own: scikit-learn is loaded only when it embeds);
+- :mod:`sae.figures.labels`: labels beside a figure's points that hide no line, marker or
+  other label (the comparison figures' λ and k);
 - :mod:`sae.figures.common`: the style, resolution, PNG/RGB output, the one colour and marker
   of each model (:func:`sae.figures.common.model_style`) and helpers they share.
 

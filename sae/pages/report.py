@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sae.pages import html as pages
+from sae.pages.formatting import config_value, format_metric, format_value
 from sae.settings.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
 from sae.settings.metric_defs import METRICS
 from sae.settings.variants import VARIANTS, Variant, models_using, uses_lambda
@@ -218,61 +219,6 @@ def latest_figures(run_dir: Path) -> list[tuple[str, int | None, Path]]:
     return [(kind, *found[kind]) for kind in order]
 
 
-# --------------------------------------------------------------------------- formatting
-
-
-def _is_fraction(name: str) -> bool:
-    """Metrics that are shares of something and read best also as a percentage."""
-    leaf = name.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
-    return "fraction" in leaf or "accuracy" in leaf or leaf in {"fvu", "explained_variance"}
-
-
-def _duration(seconds: float) -> str:
-    """Seconds as '1 h 02 min', '3 min 05 s' or '12.3 s'."""
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
-    if seconds >= 60:
-        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
-    return f"{seconds:.3g} s"
-
-
-def format_value(value: object) -> str:
-    """A config or metric value as short text: 4 significant digits for floats."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(format_value(v) for v in value) + "]"
-    return str(value)
-
-
-def format_metric(name: str, value: object) -> str:
-    """``format_value`` plus a percentage for fractions and a readable form for seconds."""
-    text = format_value(value)
-    is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not is_number or not math.isfinite(value):
-        return text
-    if _is_fraction(name):
-        return f"{text} ({100 * value:.4g} %)"
-    if name.endswith("_s") and value >= 60:
-        return f"{text} ({_duration(float(value))})"
-    return text
-
-
-def _config_value(value: object) -> str:
-    """Config values as written (no rounding: the config must be reproducible from the page)."""
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_config_value(v) for v in value) + "]"
-    return format_value(value)
-
-
 # --------------------------------------------------------------------------- page sections
 
 
@@ -305,7 +251,7 @@ def relevant_settings(config: dict[str, object]) -> dict[str, object]:
 
 
 def _config_table(config: dict[str, object]):
-    return pages.table(["setting", "value"], [(k, _config_value(v)) for k, v in config.items()],
+    return pages.table(["setting", "value"], [(k, config_value(v)) for k, v in config.items()],
                        cell_class=lambda column, _: "num" if column == 1 else None)
 
 
