@@ -238,7 +238,10 @@ def test_best_cells_are_marked_in_markdown_and_html():
     html = display.to_html(shown, best)
     assert html.count('class="num best"') == len(best)
     assert '<td class="num best">0.1700</td>' in html
-    # the new measures have their columns
+    # a metric's column is shown where a row has a value, and left out where none has one
+    assert not {"recon bias", "support FVU", "adaptive gain"} & set(shown.columns)
+    r = r.assign(recon_bias=1.0, support_fvu=0.1, adaptive_gain=0.01, adaptivity=0.5)
+    shown = display.summary_display(aggregate.summarize_seeds(r), "mnist")
     assert {"recon bias", "support FVU", "adaptive gain", "adaptivity"} <= set(shown.columns)
 
 

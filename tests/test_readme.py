@@ -190,3 +190,15 @@ def test_the_readme_is_short_and_every_link_reaches_a_file():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if not target.startswith(("http://", "https://")):
                 assert (base / target).exists(), f"a link to a missing file: {target}"
+
+
+def test_where_a_metric_appears_is_the_registry_s():
+    """results.csv holds every metric, the seed summary every one but the counts, and a page's
+    tables the registry's TABLES, so no metric is dropped from a table by a list kept apart."""
+    from sae.settings.metric_defs import METRIC, METRICS, TABLES
+    from sae.sweep import aggregate, display, matching
+
+    assert [c for c in aggregate.RESULT_COLUMNS if c in METRIC] == [m.name for m in METRICS]
+    assert set(aggregate.SUMMARY_METRICS) == {m.name for m in METRICS if m.group != "count"}
+    assert tuple(display.SUMMARY_COLUMNS) == TABLES["summary"]
+    assert tuple(matching.MATCHED_METRICS) == TABLES["matched"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 FVU_TOLERANCE = 0.01
 L0_TOLERANCE = 0.02
 
-__all__ = ["FVU_TOLERANCE", "L0_TOLERANCE", "METRIC", "METRICS", "Metric", "markdown_table",
-           "summary_line"]
+__all__ = ["FVU_TOLERANCE", "L0_TOLERANCE", "METRIC", "METRICS", "TABLES", "TRUTH", "Metric",
+           "markdown_table", "summary_line", "summary_metrics"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class Metric:
     # "count": what the others are computed on, or a model's own extra number
     group: str = "run"
     printed: bool = False  # in the line python -m sae.run prints when training ends
+    # "truth": measured only on data whose features are known (sae.metrics.truth), so its columns
+    # and criteria exist only on those pages
+    needs: str | None = None
 
 
 METRICS: tuple[Metric, ...] = (
@@ -85,6 +88,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("probe_accuracy", "probe acc. %", "test accuracy of a linear classifier fitted on "
            "the training split's codes with the softmax (cross-entropy) loss, log Σ_j exp z_j − "
            "z_y", ".2f", 100.0, better="higher", group="sweep"),
+    Metric("probe_train_accuracy", "probe train %", "accuracy of the softmax probe on the "
+           "training-split codes it was fitted on (beside probe_accuracy: how much it "
+           "overfits)", ".2f", 100.0, group="sweep"),
     Metric("probe_sparsemax_accuracy", "sparsemax probe %", "test accuracy of the "
            "sparsemax-loss probe (Martins & Astudillo, 2016), ½ Σ_{j∈S} (z_j² − τ²) + ½ − z_y "
            "with S, τ the support and threshold of sparsemax(z): zero once the true class leads "
@@ -95,26 +101,28 @@ METRICS: tuple[Metric, ...] = (
     Metric("l0_ink_corr", "L0–ink corr.", "Pearson correlation over test inputs between an "
            "input's L0 and its ink (the sum of its pixels)", ".2f", group="sweep"),
     Metric("gt_recovery", "recovered %", "share of the true features whose best-aligned "
-           "decoder atom has cosine above 0.9", ".1f", 100.0, better="higher", group="truth"),
+           "decoder atom has cosine above 0.9", ".1f", 100.0, better="higher", group="truth",
+           needs="truth"),
     Metric("gt_mcc", "MCC", "mean absolute cosine of true features and decoder atoms matched "
            "one to one (Hungarian assignment of the largest total): 1 when every true feature has "
-           "an atom of its own", ".3f", better="higher", group="truth"),
+           "an atom of its own", ".3f", better="higher", group="truth", needs="truth"),
     Metric("gt_l0_spearman", "ρ(L0, true L0)", "Spearman correlation over test inputs between "
            "an input's L0 and its true number of active features", ".3f", better="higher",
-           group="truth"),
-    Metric("gt_l0_error", "L0 error %", "mean over test inputs of the absolute difference of "
-           "L0 and true L0, relative to true L0", ".1f", 100.0, better="lower", group="truth"),
-    Metric("gt_precision", "precision %", "per test input, the share of its firing units whose "
-           "matched true feature (the MCC's assignment) is active in it, a unit matched to none "
-           "counting as wrong; mean over inputs with a firing unit", ".1f", 100.0,
-           better="higher", group="truth"),
-    Metric("gt_recall", "recall %", "per test input, the share of its true features whose "
-           "matched unit fires; mean over inputs", ".1f", 100.0, better="higher",
-           group="truth"),
+           group="truth", needs="truth"),
     Metric("gt_l0_energy", "ρ(energy, true L0)", "Spearman correlation over test inputs "
            "between an input's energy ‖x − x̄‖² and its true L0: what an L0 ranked by energy "
            "alone would score on ρ(L0, true L0) (a property of the data)", ".3f",
-           group="truth"),
+           group="truth", needs="truth"),
+    Metric("gt_l0_error", "L0 error %", "mean over test inputs of the absolute difference of "
+           "L0 and true L0, relative to true L0", ".1f", 100.0, better="lower", group="truth",
+           needs="truth"),
+    Metric("gt_precision", "precision %", "per test input, the share of its firing units whose "
+           "matched true feature (the MCC's assignment) is active in it, a unit matched to none "
+           "counting as wrong; mean over inputs with a firing unit", ".1f", 100.0,
+           better="higher", group="truth", needs="truth"),
+    Metric("gt_recall", "recall %", "per test input, the share of its true features whose "
+           "matched unit fires; mean over inputs", ".1f", 100.0, better="higher",
+           group="truth", needs="truth"),
     Metric("val_fvu", "val FVU", "fvu on the validation split after the last epoch: what "
            "settings and designs are chosen by", better="lower", group="validation"),
     Metric("val_l0", "val L0", "mean L0 on the validation split after the last epoch: what "
@@ -131,7 +139,7 @@ METRICS: tuple[Metric, ...] = (
            "with fewer than two epochs)", ".0f", group="validation"),
     Metric("val_gt_l0_spearman", "val ρ(L0, true L0)", "gt_l0_spearman on the validation "
            "split: what a design is chosen by on data with known features", ".3f",
-           better="higher", group="validation"),
+           better="higher", group="validation", needs="truth"),
     Metric("n_samples", "test inputs", "test inputs these metrics are computed on", ".0f",
            group="count"),
     Metric("n_units", "units", "code units H", ".0f", group="count"),
@@ -144,6 +152,48 @@ METRICS: tuple[Metric, ...] = (
 )
 
 METRIC: dict[str, Metric] = {m.name: m for m in METRICS}  # by name
+
+# Where the metrics appear. Every metric is a column of a sweep's results.csv, and every one but
+# the counts is averaged over seeds in its summary (``sae.sweep.aggregate``); beyond those, each
+# table's metrics in the order of its columns (``sae.sweep.display``, ``sae.sweep.matching``).
+# A column without a value in any row (no probes without labels, no ground truth on images) is
+# left out of the table it would be empty in.
+TRUTH = ("gt_recovery", "gt_mcc", "gt_l0_spearman", "val_gt_l0_spearman", "gt_l0_energy",
+         "gt_l0_error", "gt_precision", "gt_recall")
+TABLES: dict[str, tuple[str, ...]] = {
+    # a page's table of every configuration: mean ± std over seeds
+    "summary": ("mse", "fvu", "fvu_at_l0", "val_fvu", "l0_mean", "l0_std", "val_l0",
+                "dead_fraction", "dense_fraction", "probe_accuracy", "probe_sparsemax_accuracy",
+                "probe_sparsemax_classes", "recon_bias", "support_fvu", "adaptive_gain",
+                "adaptivity", "adaptivity_partial", "adaptivity_energy", *TRUTH, "wall_time_s"),
+    # the metrics interpolated per seed to a target L0, where models are compared
+    "matched": ("fvu_at_l0", "fvu", "val_fvu", "support_fvu", "adaptive_gain", "dead_fraction",
+                "adaptivity", "adaptivity_partial", "adaptivity_energy", "probe_accuracy",
+                "probe_sparsemax_accuracy", "probe_sparsemax_classes", *TRUTH),
+    # the headline at each target L0: outcomes first (what is reconstructed, what varying L0
+    # gains), then how (units, adaptivity, ground truth, probe)
+    "headline": ("fvu_at_l0", "fvu", "val_fvu", "support_fvu", "adaptive_gain",
+                 "dead_fraction", "adaptivity", "adaptivity_partial", "adaptivity_energy", *TRUTH,
+                 "probe_accuracy"),
+}
+
+
+def _check_tables() -> None:
+    unknown = {n for names in TABLES.values() for n in names} - set(METRIC)
+    if unknown:
+        raise ValueError(f"tables name metrics that are not registered: {sorted(unknown)}")
+    if set(TABLES["headline"]) - set(TABLES["matched"]):
+        raise ValueError("the headline shows only metrics interpolated to its L0")
+    if {m.name for m in METRICS if m.needs == "truth"} != set(TRUTH):
+        raise ValueError("TRUTH must name every metric that needs known features")
+
+
+_check_tables()
+
+
+def summary_metrics() -> tuple[str, ...]:
+    """The metrics a sweep's summary averages over seeds: every one but the counts."""
+    return tuple(m.name for m in METRICS if m.group != "count")
 
 
 def summary_line(result: dict) -> str:

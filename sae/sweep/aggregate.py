@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from sae.settings.metric_defs import METRIC
+from sae.settings.metric_defs import METRIC, METRICS, summary_metrics
 
 __all__ = ["CONFIG_KEYS", "PROBE_METRICS", "RESULT_COLUMNS", "SUMMARY_METRICS", "config_label",
            "exact_zeros", "is_finite_number", "match_kl", "results_frame", "summarize_seeds"]
@@ -36,34 +36,16 @@ __all__ = ["CONFIG_KEYS", "PROBE_METRICS", "RESULT_COLUMNS", "SUMMARY_METRICS", 
 # param "lambda" or "k" (what the entry sweeps) and value its value.
 CONFIG_KEYS = ["dataset", "model", "kind", "param", "value"]
 
-RESULT_COLUMNS = [
-    *CONFIG_KEYS, "seed",
-    # final test metrics of the run (metrics.json)
-    "mse", "fvu", "fvu_at_l0", "explained_variance", "recon_bias", "l0_mean", "l0_std",
-    "dead_fraction", "dense_fraction", "n_samples", "n_units", "hidden", "lam", "fire_threshold",
-    "alpha", "steps", "epochs", "wall_time_s",
-    # analysis of the last checkpoint (analysis.json)
-    "probe_accuracy", "probe_train_accuracy", "probe_sparsemax_accuracy",
-    "probe_sparsemax_classes", "l0_ink_corr", "checkpoint_step",
-    "support_fvu", "support_fvu_const", "adaptive_gain", "adaptivity", "adaptivity_partial",
-    "adaptivity_energy",
-    # on data with known features (sae.metrics.truth)
-    "gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision", "gt_recall",
-    "gt_l0_energy", "val_gt_l0_spearman",
-    # the last validation (what settings are chosen by), and how much validation FVU and L0
-    # moved in the last epoch (sae.training.convergence)
-    "val_fvu", "val_l0", "val_fvu_change", "val_l0_change", "converged",
-    "run",  # run folder, relative to the sweep folder
-]
+# what a run's row says of it besides its metrics: from metrics.json (the run's size, λ, the
+# firing threshold of sigmoid codes, its length) and analysis.json (the checkpoint analysed)
+RUN_FACTS = ["hidden", "lam", "fire_threshold", "steps", "epochs", "checkpoint_step"]
 
-SUMMARY_METRICS = ["mse", "fvu", "fvu_at_l0", "l0_mean", "l0_std", "dead_fraction",
-                   "dense_fraction",
-                   "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes",
-                   "l0_ink_corr", "recon_bias", "support_fvu", "adaptive_gain",
-                   "adaptivity", "adaptivity_partial", "adaptivity_energy",
-                   "gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision",
-                   "gt_recall", "gt_l0_energy", "val_gt_l0_spearman", "val_fvu", "val_l0",
-                   "wall_time_s", "converged"]
+# every registered metric (sae.settings.metric_defs): a metric computed for a run is never left
+# out of its row
+RESULT_COLUMNS = [*CONFIG_KEYS, "seed", *RUN_FACTS, *(m.name for m in METRICS),
+                  "run"]  # run folder, relative to the sweep folder
+
+SUMMARY_METRICS = list(summary_metrics())
 
 # probe loss -> (summary metric of its test accuracy, heading in the summary table)
 PROBE_METRICS = {loss: (name, METRIC[name].label) for loss, name in

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from sae.settings.metric_defs import METRIC
+from sae.settings.metric_defs import METRIC, TABLES
 from sae.sweep.aggregate import PROBE_METRICS, config_label, is_finite_number
-from sae.sweep.matching import GROUND_TRUTH_METRICS, criteria, headline, matched_label
+from sae.sweep.matching import criteria, headline, matched_label
 
 __all__ = ["SUMMARY_COLUMNS", "best_cells", "format_criterion", "headline_display", "kl_display",
            "summary_display", "to_html", "to_markdown", "verdict_display"]
@@ -93,23 +93,18 @@ def _converged(mean: float, n_seeds: int) -> str:
     return f"{round(mean * n_seeds)}/{n_seeds}" if is_finite_number(mean) else "–"
 
 
-# the summary table's metric columns, in order (those of OPTIONAL_COLUMNS only where a row has
-# a value: the ground truth exists only for data whose features are known, probes only for
-# labelled data)
-SUMMARY_COLUMNS = ("mse", "fvu", "fvu_at_l0", "val_fvu", "l0_mean", "l0_std", "val_l0",
-                   "dead_fraction", "dense_fraction", "probe_accuracy",
-                   "probe_sparsemax_accuracy", "probe_sparsemax_classes", "recon_bias",
-                   "support_fvu", "adaptive_gain", "adaptivity", "adaptivity_partial",
-                   "adaptivity_energy", *GROUND_TRUTH_METRICS, "wall_time_s")
-# (and the validation and fair-adaptivity columns, which results.csv files written before they
-# were measured lack)
-OPTIONAL_COLUMNS = frozenset([*GROUND_TRUTH_METRICS, "probe_accuracy", "probe_sparsemax_accuracy",
-                              "probe_sparsemax_classes", "l0_ink_corr",  # no labels: no probes
-                              "val_fvu", "val_l0", "adaptivity_partial", "adaptivity_energy"])
-# heading, format, scale and unit of each are the metric's own (sae.settings.metric_defs):
-# column heading -> (metric, number format, scale, unit)
-_SUMMARY_CELLS = {METRIC[name].label: (name, METRIC[name].fmt, METRIC[name].scale,
-                                       METRIC[name].unit) for name in SUMMARY_COLUMNS}
+def _cell(name: str) -> tuple[str, str, float, str]:
+    """(metric, number format, scale, unit): a metric's cells as its registry entry says."""
+    m = METRIC[name]
+    return name, m.fmt, m.scale, m.unit
+
+
+# the summary table's metric columns, in order (sae.settings.metric_defs.TABLES); one without a
+# value in any row is left out (no probes without labels, no ground truth on images, no
+# validation columns in a results.csv written before they were measured)
+SUMMARY_COLUMNS = TABLES["summary"]
+# column heading -> (metric, number format, scale, unit), each the metric's own
+_SUMMARY_CELLS = {METRIC[name].label: _cell(name) for name in SUMMARY_COLUMNS}
 
 
 def summary_display(summary: pd.DataFrame, dataset: str,
@@ -140,7 +135,7 @@ def summary_display(summary: pd.DataFrame, dataset: str,
                 cells[head] = _pm(raw[metric], _NAN, fmt, scale, unit)
         rows.append(cells)
     table = pd.DataFrame(rows, columns=["model", "λ / k", "seeds", *_SUMMARY_CELLS, "converged"])
-    return _drop_empty(table, {METRIC[m].label for m in OPTIONAL_COLUMNS})
+    return _drop_empty(table, _METRIC_HEADS)
 
 
 def _drop_empty(table: pd.DataFrame, optional: set[str]) -> pd.DataFrame:
@@ -149,16 +144,15 @@ def _drop_empty(table: pd.DataFrame, optional: set[str]) -> pd.DataFrame:
     return table.drop(columns=empty)
 
 
-# the headline's columns: the summary table's cells (same metrics and formats, interpolated per
-# seed, mean ± std over seeds) and what the values lose against the best values on the same
-# supports; the ground truth's only where it exists
-_HEADLINE_CELLS = {
-    **{head: _SUMMARY_CELLS[head] for head in ("FVU at L0", "FVU", "val FVU", "support FVU")},
-    "values lose": ("values_lose", ".4f", 1.0, ""),
-    **{METRIC[m].label: _SUMMARY_CELLS[METRIC[m].label] for m in (
-        "adaptive_gain", "dead_fraction", "adaptivity", "adaptivity_partial",
-        "adaptivity_energy", *GROUND_TRUTH_METRICS, "probe_accuracy")},
-}
+# the headline's columns (sae.settings.metric_defs.TABLES), as the summary table formats them
+# (interpolated per seed, mean ± std over seeds), and what the values lose against the best
+# values on the same supports
+_HEADLINE_CELLS = {}
+for _name in TABLES["headline"]:
+    _HEADLINE_CELLS[METRIC[_name].label] = _cell(_name)
+    if _name == "support_fvu":  # what the values lose against the best values on those supports
+        _HEADLINE_CELLS["values lose"] = ("values_lose", ".4f", 1.0, "")
+_METRIC_HEADS = {METRIC[m].label for m in METRIC}  # the columns that may be left out empty
 
 
 def headline_display(results: pd.DataFrame, dataset: str,
@@ -183,7 +177,7 @@ def headline_display(results: pd.DataFrame, dataset: str,
         rows.append(cells)
     table = pd.DataFrame(rows, columns=["target", "L0", "model", "from", "seeds",
                                         *_HEADLINE_CELLS])
-    return _drop_empty(table, {METRIC[m].label for m in OPTIONAL_COLUMNS})
+    return _drop_empty(table, _METRIC_HEADS)
 
 
 def kl_display(matched: pd.DataFrame, dataset: str) -> pd.DataFrame:

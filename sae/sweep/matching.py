@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from sae.settings.metric_defs import METRIC
+from sae.settings.metric_defs import METRIC, TABLES, TRUTH
 from sae.sweep.aggregate import (
     _EXACT_TOL,
     CONFIG_KEYS,
@@ -53,14 +53,11 @@ HEADLINE_TARGETS: tuple[float, ...] = BAND_TARGETS[:2]
 # (BatchTopK's inference threshold lands its L0 near, not at, k)
 L0_TOLERANCE = 0.05
 
-# metrics interpolated to a target L0 (linear in log L0 between the two nearest settings)
-GROUND_TRUTH_METRICS = ["gt_recovery", "gt_mcc", "gt_l0_spearman", "val_gt_l0_spearman",
-                        "gt_l0_energy", "gt_l0_error", "gt_precision", "gt_recall"]
+# metrics interpolated to a target L0 (linear in log L0 between the two nearest settings), and
+# those of them that exist only on data whose features are known (sae.settings.metric_defs)
+MATCHED_METRICS = list(TABLES["matched"])
+GROUND_TRUTH_METRICS = list(TRUTH)
 
-MATCHED_METRICS = ["fvu_at_l0", "fvu", "val_fvu", "support_fvu", "adaptive_gain",
-                   "dead_fraction", "adaptivity", "adaptivity_partial", "adaptivity_energy",
-                   "probe_accuracy", "probe_sparsemax_accuracy", "probe_sparsemax_classes",
-                   *GROUND_TRUTH_METRICS]
 
 def criteria(probe_loss: str = "softmax") -> dict[str, tuple[str, str, str]]:
     """criterion -> (summary metric, "min" or "max" is best, heading in the summary table),
