@@ -1,4 +1,8 @@
-"""Shared fixtures: the offline datasets beside the repository (or $SAE_DATA_DIR).
+"""Shared fixtures: the offline datasets beside the repository (or $SAE_DATA_DIR); the quick run.
+
+``python -m pytest`` is the quick run: the tests marked ``slow`` (trainings on real data,
+subprocess and signal cases, the pages in a browser) are left out unless ``--all`` is given
+(what CI runs) or ``-m`` chooses the tests itself.
 
 The suite runs on every core (pytest-xdist, ``-n auto --dist loadfile`` in pyproject.toml):
 each worker takes whole test files, so module fixtures (a trained run, a finished sweep) are
@@ -17,6 +21,27 @@ if _WORKERS > 1:
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("SAE_DATA_DIR", REPO.parent / "shared" / "datasets"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true",
+                     help="run the slow tests too (trainings, subprocess and signal cases, pages "
+                          "in a browser): the whole suite, as CI runs it")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--all") or config.getoption("-m"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_report_header(config):
+    if not (config.getoption("--all") or config.getoption("-m")):
+        return "the quick run: tests marked slow are left out (--all runs them too)"
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -190,6 +190,7 @@ def test_export_refuses_a_pair_it_cannot_write_and_overwrites_nothing(tmp_path):
     assert [p.name for p in (tmp_path / "c").iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.slow
 def test_the_export_command_as_a_user_calls_it(tmp_path, trained, data_dir):
     env = cli_env(tmp_path, data_dir)
     ok = subprocess.run([sys.executable, "-m", "sae.export", str(trained), str(tmp_path / "lens"),

@@ -481,6 +481,7 @@ def assert_one_line_error(result, *words):
         assert word in lines[0]
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
     assert_one_line_error(run_features([tmp_path / "nope"], tmp_path), "not found")
     (tmp_path / "plain").mkdir()

@@ -131,6 +131,7 @@ def command_in(line: str) -> list[str]:
     return command[3:]
 
 
+@pytest.mark.slow
 def test_the_same_command_after_a_kill_names_the_command_that_works(tmp_path, capsys):
     out = tmp_path / "run"
     killed_start(out, NEW)
@@ -182,6 +183,7 @@ def test_the_gallery_resumes_only_a_run_with_a_checkpoint(tmp_path, monkeypatch)
 # --------------------------------------------------------------------------- sae.data.layer
 
 
+@pytest.mark.slow
 def test_a_layer_dump_that_fails_to_write_leaves_nothing_and_a_retry_works(tmp_path, monkeypatch,
                                                                           capsys):
     out = tmp_path / "made" / "layer"

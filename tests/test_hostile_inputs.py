@@ -284,6 +284,7 @@ def test_damaged_data_files_are_one_line_and_leave_no_folder(tmp_path, capsys, d
 # --------------------------------------------------------------------------- failed starts
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_before_the_first_checkpoint_leaves_no_folder(tmp_path, capsys,
                                                                        data_dir):
     out = tmp_path / "parent" / "run"

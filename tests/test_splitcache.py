@@ -34,6 +34,7 @@ def _files(tmp_path):
     return sorted((tmp_path / "cache" / "splits").glob("pca-*.npz"))
 
 
+@pytest.mark.slow
 def test_a_second_process_reads_the_pca_the_first_computed(fresh, tmp_path, monkeypatch):
     first = fresh().train_pca()
     assert _equal(first, principal_components(fresh().train_x))

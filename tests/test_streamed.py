@@ -128,6 +128,7 @@ def broken():
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--source", "nowhere:factory", "--hook", "1"],
      r"--source nowhere:factory: cannot import nowhere \(ModuleNotFoundError: .*\)"),

@@ -201,6 +201,7 @@ def run_synth(args, cwd):
                           env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_command_writes_a_dataset_and_refuses_bad_input(tmp_path):
     done = run_synth(["--out", "gt", "--dim", "8", "--features", "32", "--train", "500",
                       "--test", "100", "--mean-l0", "4"], tmp_path)
