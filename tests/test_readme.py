@@ -202,3 +202,12 @@ def test_where_a_metric_appears_is_the_registry_s():
     assert set(aggregate.SUMMARY_METRICS) == {m.name for m in METRICS if m.group != "count"}
     assert tuple(display.SUMMARY_COLUMNS) == TABLES["summary"]
     assert tuple(matching.MATCHED_METRICS) == TABLES["matched"]
+
+
+def test_the_readme_s_layers_are_the_packages():
+    """The README's layer section names each package of sae/ once, one line each, and nothing
+    that is not one."""
+    block = README.split("## The code in layers", 1)[1].split("```text\n", 1)[1].split("```")[0]
+    named = [line.split()[0] for line in block.splitlines() if line.strip()]
+    packages = sorted(f"sae/{p.parent.name}/" for p in (REPO / "sae").glob("*/__init__.py"))
+    assert sorted(named) == packages and len(named) == len(set(named))

@@ -3,8 +3,9 @@ module per variant. These are plain ``torch.nn.Module``\ s, what inference needs
 one in :class:`sae.training.module.SAETraining`.
 
 Adding a variant is a subclass of ``SparseAutoencoder`` defining ``code`` and ``penalty`` (see
-``l1.py``) in a module of its own, and one ``register`` call in :mod:`sae.settings.variants`, the
-registry that the command line, the checks and ``build_model`` read.
+``l1.py``) in a module of its own, and its module in :mod:`sae.settings.variants`, the registry
+that the command line, the checks and ``build_model`` read. Its class is then also a name of this
+package (``from sae.models import L1SAE``), imported from its module when first asked for.
 """
 
 from __future__ import annotations
@@ -15,18 +16,21 @@ import torch
 from torch import Tensor
 
 from sae.models.base import SparseAutoencoder
-from sae.models.batchtopk import BatchTopKSAE
-from sae.models.jumprelu import JumpReLUSAE
-from sae.models.kl import KLSAE
-from sae.models.l1 import L1SAE
-from sae.models.sparsemax import EntmaxSAE, SparsemaxSAE
-from sae.models.topk import TopKSAE
 from sae.settings.config import MODELS, SAEConfig
-from sae.settings.variants import variant
+from sae.settings.variants import VARIANTS, variant
 
-__all__ = ["BatchTopKSAE", "EntmaxSAE", "JumpReLUSAE", "KLSAE", "L1SAE", "MODELS", "SAEConfig",
-           "SparseAutoencoder", "SparsemaxSAE", "TopKSAE", "build_model", "decode_dataset",
-           "encode_codes", "encode_dataset", "model_class"]
+# every registered variant's class by its name (a "module:Class" reference names it)
+_CLASSES = {(v.cls.rpartition(":")[2] if isinstance(v.cls, str) else v.cls.__name__): v.name
+            for v in VARIANTS.values()}
+
+__all__ = ["MODELS", "SAEConfig", "SparseAutoencoder", "build_model", "decode_dataset",
+           "encode_codes", "encode_dataset", "model_class", *sorted(_CLASSES)]
+
+
+def __getattr__(name: str):
+    if name in _CLASSES:
+        return model_class(_CLASSES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def model_class(name: str) -> type[SparseAutoencoder]:

@@ -24,7 +24,9 @@ from sae.settings.variants import (
     FIXED_BUDGET,
     MODELS,
     NO_BUDGET,
+    VariantSettings,
     models_using,
+    settings_classes,
     variant,
 )
 
@@ -36,15 +38,23 @@ __all__ = [
     "setting",
 ]
 
+
+def _declared(name: str) -> list:
+    """Each variant settings class's own ``name`` declaration (``VariantSettings``), the classes
+    they derive from included, once each."""
+    classes = dict.fromkeys(c for cls in settings_classes() for c in cls.__mro__
+                            if issubclass(c, VariantSettings))
+    return [vars(c)[name] for c in classes if name in vars(c)]
+
+
 # settings a configuration saved before they existed had, with the value they had then
-SAVED_BEFORE = {"values": "shrunk", "temperature": "global", "inference": "sparsemax",
-                "support": "input"}
+SAVED_BEFORE = {k: v for saved in _declared("SAVED_BEFORE") for k, v in saved.items()}
 # the settings whose ``auto`` a configuration saves resolved (``pin_auto``), so that a later
-# change of default leaves what was trained as it was; and what a saved ``auto`` meant, from
-# configurations saved before that: then the Sparsemax-SAE's auto temperature was normalized
-PINNED = ("temperature", "values", "inference", "support")
-SAVED_AUTO = {"sparsemax": {"temperature": "normalized", "values": "unshrunk-ste"},
-              "entmax": {"temperature": "global"}}
+# change of default leaves what was trained as it was
+PINNED = tuple(dict.fromkeys(name for names in _declared("PINNED") for name in names))
+# the settings another model may be given only at their default or ``auto``
+REFUSED_ELSEWHERE = tuple(dict.fromkeys(n for names in _declared("REFUSED_ELSEWHERE")
+                                        for n in names))
 
 DEAD_GUARDS = ("none", "resample", "auxk")
 DATASETS = ("mnist", "fashion-mnist")
@@ -68,14 +78,16 @@ def pin_auto(settings: dict) -> dict:
 
 def saved_auto(settings: dict) -> dict:
     """The settings of a saved configuration (a checkpoint's, a run's config.yaml) with each
-    ``auto`` read as what it meant when configurations still saved it (``SAVED_AUTO``)."""
-    meant = SAVED_AUTO.get(settings.get("model"), {})
+    ``auto`` read as what it meant when configurations still saved it (the variant's
+    ``saved_auto``)."""
+    model = settings.get("model")
+    meant = variant(model).saved_auto if model in MODELS else {}
     return {**settings, **{k: v for k, v in meant.items() if settings.get(k) == "auto"}}
 
 
 @dataclass
-class SAEConfig:
-    """Everything that defines a model and its optimisation (stored in every checkpoint)."""
+class _ModelCommon:
+    """The model settings every variant reads: which model, its size and its budget."""
 
     model: str = setting("sparsemax", "sparsity mechanism", choices=MODELS)
     input_dim: int = field(default=784)  # set from the data, not a flag
@@ -84,84 +96,18 @@ class SAEConfig:
                          low=0)
     k: int = setting(32, "topk: active units per input; batchtopk: their mean over a batch "
                      "(ignored by the other models)", low=1)
-    rho: float = setting(0.05, "kl: target mean activation ρ", low=0, high=1, low_open=True)
-    alpha: float = setting(1.5, "entmax: α (start value when learned or annealed)", low=1,
-                           low_open=True)
-    alpha_mode: str = setting("learn", "entmax: learn α, anneal it to 2, or keep it fixed",
-                              choices=("learn", "anneal", "fixed"))
-    values: str = setting("auto", "sparsemax: the values on the support; auto = unshrunk-ste "
-                          "for sparsemax; shrunk, r·p (every "
-                          "value offset by the threshold); unshrunk, (r/T)·a (a ReLU whose "
-                          "support sparsemax chooses); unshrunk-ste, unshrunk values whose "
-                          "support can grow back (a straight-through pseudo-derivative of the "
-                          "support gate reaches units near the threshold)",
-                          choices=("auto", "shrunk", "unshrunk", "unshrunk-ste"))
-    temperature: str = setting("auto", "sparsemax/entmax: the temperature T of the support "
-                               "map(a / T); auto = energy for sparsemax's per-input support, "
-                               "global for its batch support and for entmax; "
-                               "global, one learned T per group; learned, "
-                               "T·exp(u·(x − b_dec)) with u learned from 0; normalized, T times "
-                               "the spread (std) of the input's scores over the group's "
-                               "units; energy, normalized times (‖x − b_dec‖ / ν)^γ with γ "
-                               "learned from 0 (--energy-power, --energy-power-mode), sizing "
-                               "the support only",
-                               choices=("auto", "global", "learned", "normalized", "energy"))
-    energy_power: float = setting(0.0, "sparsemax, energy temperature: the power γ of the "
-                                  "input's energy in T(x), its start value when learned",
-                                  low=-4, high=4)
-    energy_power_mode: str = setting("learn", "sparsemax, energy temperature: learn γ from "
-                                     "--energy-power, or keep it fixed there",
-                                     choices=("learn", "fixed"))
-    inference: str = setting("auto", "sparsemax: the rule that chooses the support at "
-                             "inference (validation, test, encoding); auto = sparsemax, the "
-                             "rule it trains with (each input's own support, or the batch "
-                             "support's running threshold); threshold, one threshold θ on "
-                             "every unit's unshrunk value, estimated in training as the value "
-                             "that keeps as many units as sparsemax kept (as BatchTopK's)",
-                             choices=("auto", "sparsemax", "threshold"))
-    support: str = setting("auto", "sparsemax: what one projection onto the simplex covers; "
-                           "auto = input, each input's scores (its own support, chosen from "
-                           "its own scores in training and at inference, mass 1 per input); "
-                           "batch, the whole batch's scores at once in training (an input "
-                           "with higher scores gets more units, as BatchTopK to TopK) and one "
-                           "shared threshold, the batch threshold's running mean, at "
-                           "inference; its auto temperature is global",
-                           choices=("auto", "input", "batch"))
-    groups: int = setting(1, "sparsemax/entmax: independent heads over the code", low=1)
-    jumprelu_threshold: str = setting("unit", "jumprelu: a learned threshold per unit (unit), or "
-                                      "one shared by every unit (shared: a shared threshold "
-                                      "at inference, as BatchTopK's)",
-                                      choices=("unit", "shared"))
-    jumprelu_gain: str = setting("none", "jumprelu: values a (none), or r(x)·a with a learned "
-                                 "per-input gain r(x) = softplus(w·(x − b_dec) + c) (input, the "
-                                 "Sparsemax-SAE's)", choices=("none", "input"))
-    batchtopk_gate: str = setting("none", "batchtopk: no gradient outside the kept entries "
-                                  "(none), or the straight-through gate of the Sparsemax-SAE's "
-                                  "batch support, with its L0 price λ/10 per active unit (ste)",
-                                  choices=("none", "ste"))
-    attention_factors: str = setting("concepts", "sparsemax-attention: concepts, encoder C·K "
-                                     "and decoder C·V sharing the concepts C (as published); "
-                                     "full, two free [H, D] matrices",
-                                     choices=("concepts", "full"))
-    attention_rank: int = setting(0, "sparsemax-attention: the concepts' dimension r (C is "
-                                  "[H, r], K and V [r, D]); 0 = the input's dimension D, as "
-                                  "published", low=0)
-    attention_input: str = setting("unit", "sparsemax-attention: scores read x / ‖x‖ and the "
-                                   "code is scaled back by ‖x‖ (unit, as published), or x "
-                                   "itself (raw)", choices=("unit", "raw"))
-    frequency_mask: float = setting(0.1, "sparsemax-attention: a unit whose running firing "
-                                    "frequency exceeds this is masked out (0.1 as published; "
-                                    "0 = off)", low=0, high=1)
+
+
+@dataclass
+class _ModelShape:
+    """The architecture and optimisation settings every variant reads (after the variants' own
+    in --help and config.yaml)."""
+
     arch: str = setting("linear", "one linear layer each way, or a 784-W-H-W-784 MLP",
                         choices=("linear", "mlp"))
     mlp_width: int = setting(512, "mlp: width W of the hidden layers", low=1)
     init: str = setting("auto", "decoder columns start random or at centred training images; "
                         "auto = data for sparsemax/entmax", choices=("auto", "random", "data"))
-    kl_threshold: float = setting(0.1, "kl: a sigmoid unit fires above this", low=0, high=1,
-                                  low_open=True)
-    jumprelu_bandwidth: float = setting(0.001, "jumprelu: bandwidth ε of the threshold's "
-                                        "straight-through gradient, in units of the data's RMS "
-                                        "per pixel", low=0, low_open=True)
     lr: float = setting(1e-3, "Adam learning rate", low=0, low_open=True, group="training")
     lr_warmup: float = setting(0.01, "learning-rate warm-up: steps (>= 1) or fraction of "
                                "training (< 1)", low=0, group="training")
@@ -184,12 +130,28 @@ class SAEConfig:
                          group="training")
     aux_coef: float = field(default=1 / 32)  # AuxK loss weight (Gao et al. 2024), not a flag
 
+
+# the variants' own settings (sae.settings.variants) come between the common ones: dataclass
+# fields are collected from the bases in reverse order, so this reads common, variants (in the
+# order they registered), shape
+_BASES = (_ModelShape, *reversed(settings_classes()), _ModelCommon)
+
+
+@dataclass
+class SAEConfig(*_BASES):
+    """Everything that defines a model and its optimisation (stored in every checkpoint).
+
+    Its fields are the common settings and every registered variant's own
+    (``sae.settings.variants``: a mechanism's module declares its settings class, whose fields
+    and methods, such as the Sparsemax-SAE's ``resolved_support``, are this class's).
+    """
+
     @classmethod
     def from_dict(cls, values: dict) -> SAEConfig:
         """The configuration a checkpoint or run folder saved. A setting it lacks was saved
         before that setting existed and takes the value it had then (``SAVED_BEFORE``), and a
-        saved ``auto`` what it meant then (``SAVED_AUTO``), not today's default: an old
-        Sparsemax-SAE checkpoint stays the model it was."""
+        saved ``auto`` what it meant then (its variant's ``saved_auto``), not today's default:
+        an old Sparsemax-SAE checkpoint stays the model it was."""
         names = {f.name for f in fields(cls)}
         known = saved_auto({**SAVED_BEFORE, **values})
         return cls(**{k: v for k, v in known.items() if k in names})
@@ -207,51 +169,12 @@ class SAEConfig:
             return "none"  # a model without a penalty has nothing a resampling would trade
         return "auxk" if self.model in FIXED_BUDGET else "resample"
 
-    def resolved_values(self) -> str:
-        """``auto``: what the model's variant says (``sae.settings.variants``): unshrunk values
-        whose support can grow back (``unshrunk-ste``) for the Sparsemax-SAE, the only model with a
-        choice of values; ``shrunk`` names the others'."""
-        return self._resolved("values")
-
-    def resolved_temperature(self) -> str:
-        """``auto``: the energy temperature for the Sparsemax-SAE's per-input support (a
-        configuration saved with ``auto`` before that became the default: the normalized one,
-        ``SAVED_AUTO``), the global one for its batch support (a per-input temperature would
-        divide away the scale its shared threshold reads) and for entmax (see docs/models.md)."""
-        return self._resolved("temperature")
-
-    def resolved_inference(self) -> str:
-        """``auto``: the Sparsemax-SAE infers with the rule it trains with (``sparsemax``): each
-        input's own support, or with the batch support its running batch threshold. (A
-        threshold on a model trained with per-input supports, once the default, follows input
-        difficulty more at 512 units but loses most of the reconstruction at 4 096; see the
-        documentation.) A configuration saved before the setting existed: its own support
-        (``SAVED_BEFORE``). Runs save the rule they used, so a run trained with the threshold
-        default keeps it."""
-        return self._resolved("inference")
-
-    def resolved_support(self) -> str:
-        """``auto``: each input's own support (``input``), what the name sparsemax promises:
-        the projection of the input's own scores onto the simplex, at inference as in
-        training. The batch support (``batch``) trains with one threshold for the batch and
-        infers with one shared threshold, BatchTopK's rule; it was the default for a while,
-        and runs saved with it keep it (configurations save the support they resolved to).
-        ``input`` for a configuration saved before the setting existed (``SAVED_BEFORE``)."""
-        return self._resolved("support")
-
     def resolved_init(self) -> str:
         """``auto`` starts the codes of variants that ask for it (sparsemax / entmax: their units
         compete for support) from data, with a linear encoder."""
         if self.init == "auto" and self.arch != "linear":
             return "random"
-        return self._resolved("init")
-
-    def _resolved(self, name: str) -> str:
-        value = getattr(self, name)
-        if value != "auto":
-            return value
-        return variant(self.model).resolved(name, vars(self)) if self.model in MODELS \
-            else AUTO_DEFAULTS[name]
+        return self.resolved_setting("init")
 
     def validate(self) -> None:
         """Raise ValueError with a one-line, user-facing message for any invalid value.
@@ -268,12 +191,6 @@ class SAEConfig:
         need(self.input_dim >= 1, "input_dim must be >= 1")
         need(self.model not in FIXED_BUDGET or self.k <= self.hidden,
              f"--k must be <= --hidden ({self.hidden}), got {self.k}")
-        need(self.model != "entmax" or self.alpha_mode != "learn" or self.alpha > 1.001,
-             f"--alpha must be > 1.001 when learned (α = 1.001 + softplus), got {self.alpha}")
-        need(self.alpha_mode != "anneal" or self.alpha <= 2,
-             f"--alpha must be <= 2 when annealed towards 2, got {self.alpha}")
-        need(self.hidden % self.groups == 0,
-             f"--groups must divide --hidden ({self.hidden}), got {self.groups}")
         guard = self.resolved_dead_guard()
         need(guard != "auxk" or self.model in FIXED_BUDGET,
              "--dead-guard auxk applies to --model topk and batchtopk")
@@ -283,29 +200,15 @@ class SAEConfig:
         need(not none or guard == "none",
              f"--model {self.model} has no dead-unit remedy of its own: --dead-guard none")
         need(not none or self.arch == "linear", f"--model {self.model} needs --arch linear")
-        for name in ("values", "temperature", "support", "jumprelu_threshold", "jumprelu_gain",
-                     "batchtopk_gate", "attention_factors", "attention_rank", "attention_input",
-                     "frequency_mask"):
+        for name in REFUSED_ELSEWHERE:
             value, models = getattr(self, name), models_using(name)
             need(value in ("auto", AUTO_DEFAULTS.get(name), _DEFAULTS.get(name))
                  or self.model in models,
                  f"--{name.replace('_', '-')} {value} applies to --model {' and '.join(models)}")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
-        energy = self.model == "sparsemax" and self.resolved_temperature() == "energy"
-        need(energy or (self.energy_power == 0 and self.energy_power_mode == "learn"),
-             "--energy-power and --energy-power-mode apply to --model sparsemax with the energy "
-             "temperature")
-        need(self.inference != "threshold" or (self.model == "sparsemax"
-                                               and self.resolved_values() != "shrunk"),
-             "--inference threshold applies to --model sparsemax with unshrunk values")
-        batch = self.model == "sparsemax" and self.resolved_support() == "batch"
-        need(not batch or self.resolved_values() == "unshrunk-ste",
-             "--support batch needs --values unshrunk-ste (or auto)")
-        need(not batch or self.resolved_temperature() == "global",
-             "--support batch has one temperature per group: leave --temperature auto (global)")
-        need(not batch or self.inference in ("auto", "sparsemax"),
-             "--support batch infers with its batch threshold: leave --inference auto")
+        for check in _declared("check"):  # each variant settings class's own checks
+            check(self, need)
 
 
 _DEFAULTS = {f.name: f.default for f in fields(SAEConfig)}
