@@ -1,7 +1,7 @@
 """python -m sae.compare: train a grid of SAEs, analyse each run, compare them in tables and plots.
 
     python -m sae.compare experiments/quick.yaml [--out DIR] [--jobs N] [--dry-run]
-                                                 [--publish DIR] [--engine workers|processes]
+                                                 [--publish DIR] [--engine workers|processes|ray]
 
 Sweep file (YAML)::
 
@@ -72,7 +72,8 @@ half-written.
 Each run trains as ``python -m sae.run ... --out <run folder>`` would: in one of ``--jobs``
 long-lived worker processes (:mod:`sae.sweep.worker`), which import torch and Lightning and read
 the dataset once and then train, and analyse, run after run; a multi-process run (DDP) and every
-run under ``--engine processes`` in a subprocess of its own. While the sweep trains, its runs
+run under ``--engine processes`` in a subprocess of its own; under ``--engine ray`` each run is a
+Ray task (:mod:`sae.sweep.raypool`). While the sweep trains, its runs
 write no figures, feature browser or report (``sae.sweep.spec.RUN_PAGES_OFF``; ``common`` may
 switch them on): ``python -m sae.report RUN`` and ``python -m sae.features RUN`` build them for
 the runs a reader opens. A run with
@@ -119,6 +120,7 @@ from sae.sweep.launch import (
     uses_gpu,
     visible_gpus,
 )
+from sae.sweep.raypool import RayPool, check_ray
 from sae.sweep.render import (
     FIGURE_FILES,
     prepare_outputs,
@@ -151,10 +153,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=path_arg, default=None,
                    help="sweep folder (default: sweeps/<file stem>)")
     p.add_argument("--jobs", default="1", help="runs trained at the same time (default: 1)")
-    p.add_argument("--engine", choices=("workers", "processes"), default="workers",
+    p.add_argument("--engine", choices=("workers", "processes", "ray"), default="workers",
                    help="workers: single-process runs train in one long-lived process per job "
                         "slot (torch and the data loaded once); processes: every run is its own "
-                        "`python -m sae.run` process (default: workers)")
+                        "`python -m sae.run` process; ray: every run is a Ray task, on a local "
+                        "Ray instance or the cluster at --address (the run folders on a file "
+                        "system every node sees) (default: workers)")
+    p.add_argument("--address", default=None,
+                   help="--engine ray: a running Ray cluster's address, as `ray start --head` "
+                        "prints it (default: a Ray instance of this machine's own)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the file and show what would run; train nothing, write nothing")
     p.add_argument("--publish", type=path_arg, default=None, metavar="DIR",
@@ -164,6 +171,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not args.jobs.isdigit() or int(args.jobs) < 1:
         raise UsageError(f"--jobs must be an integer >= 1, got {args.jobs!r}")
     args.jobs = int(args.jobs)
+    if args.address is not None and args.engine != "ray":
+        raise UsageError("--address applies to --engine ray")
+    if args.engine == "ray":
+        check_ray()
     args.out = Path(args.out) if args.out else Path("sweeps") / Path(args.sweep).stem
     args.publish = Path(args.publish) if args.publish else None
     return args
@@ -267,6 +278,11 @@ def relink_publications(folder: Path) -> list[Path]:
     return written
 
 
+def all_done(sweep_dir: Path, runs: list[Run]) -> bool:
+    """Whether every run is finished (then no engine needs to start: the tables are remade)."""
+    return all(run_state(sweep_dir / run.rel) == "done" for run in runs)
+
+
 def dry_run(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> None:
     """Say what each run would do (its state and sae.run command); touch nothing."""
     states = {}
@@ -313,9 +329,12 @@ def main(argv: list[str] | None = None) -> int:
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
         data = DataCache()  # the splits this process loads, shared by the analysis and tables
         try:
+            pool = RayPool(threads, args.address, cpus=total_threads()) \
+                if args.engine == "ray" and not all_done(args.out, runs) else None
             analyses, failed = run_sweep(
                 args.out, runs, args.jobs, gpus, say, workers=args.engine == "workers",
-                data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data))
+                data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data),
+                pool=pool)
         except STOPS as e:
             return interrupted(e, f"run the same command again to continue ({args.out})")
         failed += report_damaged(args.out, runs, say)

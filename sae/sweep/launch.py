@@ -439,20 +439,22 @@ def _metrics_note(folder: Path, analysis: dict | None) -> str:
 
 def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
               say: Callable[[str], None], workers: bool = True, data: DataCache | None = None,
-              on_idle: Callable[[list[Run]], None] | None = None
+              on_idle: Callable[[list[Run]], None] | None = None, pool=None
               ) -> tuple[dict[Path, dict], int]:
     """Train what is missing, analyse what is finished; returns (analyses, failures).
 
     With ``workers`` (the default) single-process runs train, and are analysed, in long-lived
     worker processes (:class:`Worker`); otherwise each run is a ``sae.run`` subprocess and the
-    analysis runs here, with the data splits of ``data``. ``on_idle(finished runs)`` is called
+    analysis runs here, with the data splits of ``data``. ``pool`` trains the runs instead of a
+    :class:`RunPool` of ``jobs`` slots when given (:class:`sae.sweep.raypool.RayPool`: Ray
+    tasks, analysed here). ``on_idle(finished runs)`` is called
     once, as soon as a run finishes with fewer runs left to finish than there are slots (so a
     slot has nothing to train while others do): the work that must wait for the last run
     (the tables and plots) can prepare there, on a core that would otherwise idle.
     """
     threads = max(1, total_threads() // jobs)
-    # the workers start first: this process imports torch only when it has work of its own
-    pool = RunPool(jobs, threads, gpus, logs=sweep_dir / "logs", workers=workers)
+    if pool is None:  # the workers start first: this process imports torch only when it has
+        pool = RunPool(jobs, threads, gpus, logs=sweep_dir / "logs", workers=workers)  # work
     data = DataCache() if data is None else data
     progress, analyses = Progress(len(runs), jobs), {}
 
