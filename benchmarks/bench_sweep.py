@@ -9,13 +9,14 @@ its slot was busy; then the sweep's ratio
     slot-seconds / training-seconds = jobs × sweep wall time / Σ runs' training seconds
 
 (1.0 would be a sweep that does nothing but train). ``--engine processes`` times the way of
-earlier versions (every run its own ``python -m sae.run`` process); ``--pages`` keeps the
+earlier versions (every run its own ``python -m sae.run`` process), ``--engine ray`` the runs as
+tasks of a local Ray instance (its start included); ``--pages`` keeps the
 per-run figures, feature browser and report on, as sweeps wrote them before; ``--cold`` gives
 the sweep an empty data cache folder (``SAE_CACHE_DIR``), as on a machine that has not yet
 computed the training split's principal components and raw-pixel probes.
 
     SAE_DATA_DIR=../shared/datasets python benchmarks/bench_sweep.py [--jobs 2] [--epochs 1]
-        [--engine workers|processes] [--pages] [--cold] [--keep DIR]
+        [--engine workers|processes|ray] [--pages] [--cold] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--engine", choices=("workers", "processes"), default="workers")
+    p.add_argument("--engine", choices=("workers", "processes", "ray"), default="workers")
     p.add_argument("--pages", action="store_true", help="per-run figures, browser and report")
     p.add_argument("--cold", action="store_true", help="an empty data cache folder")
     p.add_argument("--keep", default=None, help="sweep folder to keep (default: a temp folder)")
