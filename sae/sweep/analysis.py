@@ -49,7 +49,7 @@ class DataCache:
     def get(self, settings: dict):
         """The set-up data module of a run's settings (dataset or data file, folder, split
         sizes): ``sae.data.matrixdata.data_module``."""
-        from sae.data.modules import data_module
+        from sae.data.modules import data_module  # torch and Lightning: only to read a split
 
         key = tuple(settings.get(k) for k in ("dataset", "data", "data_dir", "val_size",
                                               "limit_train", "limit_test"))
@@ -80,7 +80,7 @@ def run_metrics(folder: Path) -> dict | None:
 
 def pearson(a, b) -> float | None:
     """Pearson correlation of two 1-d arrays; None when either is constant (undefined)."""
-    import numpy as np
+    import numpy as np  # not at sae.compare's start
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     a, b = a - a.mean(), b - b.mean()
@@ -91,7 +91,7 @@ def pearson(a, b) -> float | None:
 def _load_l0(folder: Path):
     """The cached per-input test L0 (``test_l0.npy``; plain numbers only, no pickles; a
     regular file whose header matches its size, at most 64 MiB: NpyError, a ValueError)."""
-    from sae.data.npyfile import read_array
+    from sae.data.npyfile import read_array  # numpy: not at sae.compare's start
 
     return read_array(folder / "test_l0.npy", limit=64 << 20)
 
@@ -125,8 +125,9 @@ def _dynamic(folder: Path, model, dm, test_codes) -> dict:
     """The dynamic-sparsity measures: the run's own (metrics.json, computed by the same function
     on the same final model at the end of training) or, for a run of an earlier version that
     lacks them, computed here."""
+    # torch: only when a run is analysed
     from sae.metrics import DYNAMIC_KEYS
-    from sae.training.evaluate import dynamic_measures
+    from sae.training.evaluate import dynamic_measures  # likewise
 
     measured = run_metrics(folder) or {}
     if all(k in measured for k in DYNAMIC_KEYS):
@@ -138,12 +139,13 @@ def analyse_run(folder: Path, data: DataCache) -> dict:
     """Probe, per-class L0 and L0–ink correlation of a finished run (cached in analysis.json)."""
     if analysis_is_current(folder):
         return read_json(folder / "analysis.json")
+    # numpy, torch and Lightning: only for a run without a current analysis
     import numpy as np
-    import torch
+    import torch  # likewise
 
-    from sae import metrics
-    from sae.models import encode_codes
-    from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
+    from sae import metrics  # likewise
+    from sae.models import encode_codes  # likewise
+    from sae.training.checkpoints import model_from_checkpoint, read_checkpoint  # likewise
 
     run = RunFolder(folder)
     settings = run.settings()
@@ -191,7 +193,7 @@ class _NoProbe:
 
 def _probes(train_features, dm, test_features):
     """(softmax, sparsemax) linear probes of features of the run's splits; none without labels."""
-    from sae import metrics
+    from sae import metrics  # torch: only when probes are fitted
 
     if not getattr(dm, "has_labels", True):
         return _NoProbe, _NoProbe
@@ -202,7 +204,7 @@ def _probes(train_features, dm, test_features):
 
 def _tensor(x):
     """Rows as one tensor (a memory-mapped training split is read whole for the raw probe)."""
-    import torch
+    import torch  # only when probes are fitted
 
     return x if isinstance(x, torch.Tensor) else x[:]
 
@@ -246,7 +248,7 @@ def _raw_probe_key(dm) -> str | None:
 
 
 def _raw_probe_file() -> Path:
-    from sae.data.images import default_cache_dir
+    from sae.data.images import default_cache_dir  # torch: not at sae.compare's start
 
     return default_cache_dir() / "raw_probes.json"
 
@@ -302,10 +304,11 @@ def collect(sweep_dir: Path, done: list[Run], analyses: dict[Path, dict]):
         ``l0``); and the mean L0 per class over seeds (``dataset``, ``model``, ``config``,
         ``class``, ``l0``).
     """
+    # numpy and pandas: not at sae.compare's start
     import numpy as np
-    import pandas as pd
+    import pandas as pd  # likewise
 
-    from sae.sweep.aggregate import config_label, results_frame
+    from sae.sweep.aggregate import config_label, results_frame  # likewise
 
     records, l0_parts, class_rows = [], [], []
     for run in done:

@@ -107,9 +107,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from sae.data.rundata import check_sweep_data
+from sae.pages import gallery
 from sae.settings.cli import OneLineParser, UsageError, path_arg
-from sae.sweep.analysis import DataCache
+from sae.sweep.analysis import DataCache, run_metrics
 from sae.sweep.launch import (
     check_folders,
     lock,
@@ -242,8 +245,6 @@ def relink_gallery(folder: Path) -> list[Path]:
     (``folder``/../../gallery, made by ``python -m sae.gallery``) up to date, so that it links
     every comparison published, this one too (:func:`sae.pages.gallery.relink`). A folder without
     a gallery page, or holding a link, is left alone; returns the files rewritten."""
-    from sae.pages import gallery
-
     out = folder.parent.parent / "gallery"
     if not (out / "index.html").is_file() or find_link(out) is not None:
         return []
@@ -252,8 +253,6 @@ def relink_gallery(folder: Path) -> list[Path]:
 
 def _page_datasets(folder: Path) -> list[str]:
     """The datasets named by a publication's sweep.yaml (none for a sweep on a data file)."""
-    import yaml
-
     try:
         data = yaml.safe_load(read_text(folder / "sweep.yaml"))
     except (OSError, ValueError, yaml.YAMLError):
@@ -360,8 +359,6 @@ def report_damaged(sweep_dir: Path, runs: list[Run], say: Callable[[str], None])
     """Say which finished runs have a damaged ``metrics.json`` (left out of the tables); returns
     how many. Not retrained: the file is the run's own record, and a changed record is the
     user's to judge (deleting it makes the next sweep train the run again)."""
-    from sae.sweep.analysis import run_metrics
-
     damaged = [r for r in runs if run_state(sweep_dir / r.rel) == "done"
                and run_metrics(sweep_dir / r.rel) is None]
     for run in damaged:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from sae.settings.metric_defs import METRIC, TABLES
 from sae.sweep.aggregate import PROBE_METRICS, config_label, is_finite_number
-from sae.sweep.matching import criteria, headline, matched_label
+from sae.sweep.matching import at_l0, criteria, headline, matched_label
 
 __all__ = ["SUMMARY_COLUMNS", "best_cells", "format_criterion", "headline_display", "kl_display",
            "summary_display", "to_html", "to_markdown", "verdict_display"]
@@ -228,7 +228,7 @@ def to_html(table: pd.DataFrame, best: set[tuple[int, str]] = frozenset(), wide:
     """An HTML ``<table>`` (:func:`sae.pages.html.table`: escaped text; number cells get class
     ``num``; cells of ``best``, (row position, column heading), are marked ``best``; ``wide``:
     the box spans the window; ``stack``: a list of its rows on a narrow screen)."""
-    from sae.pages import html as pages
+    from sae.pages import html as pages  # jinja2: only for the HTML page, not the markdown
 
     heads = [str(c) for c in table.columns]
     marked = {(r, heads.index(head)) for r, head in best if head in heads}
@@ -256,8 +256,6 @@ def across_display(columns: list[tuple[str, pd.DataFrame, str, float, str]]) -> 
         columns: ``(heading, results, dataset, target, metric)`` per column: the runs of one
             comparison (its results.csv), the dataset in it, the target L0 and the metric.
     """
-    from sae.sweep.matching import at_l0
-
     cells: dict[str, dict[str, str]] = {}
     for heading, results, dataset, target, metric in columns:
         matched = at_l0(results[results["dataset"] == dataset], [target])

@@ -28,7 +28,7 @@ from pathlib import Path
 from sae.settings.cli import UsageError
 from sae.sweep.analysis import DataCache, analyse_run, analysis_is_current, run_metrics
 from sae.sweep.spec import Run
-from sae.system.io import open_regular
+from sae.system.io import UnsafePathError, open_regular
 from sae.system.process import PARENT_ENV, RUN_DIR_ENV, STOPS
 from sae.training import runfolder
 
@@ -95,8 +95,6 @@ def lock(sweep_dir: Path):
     only if it is a regular file: a planted link, FIFO, folder or device is refused (UsageError)
     and nothing it points to is touched.
     """
-    from sae.system.io import UnsafePathError, open_regular
-
     try:
         fd = open_regular(sweep_dir / ".lock", os.O_RDWR | os.O_CREAT)
     except UnsafePathError as e:
@@ -105,7 +103,7 @@ def lock(sweep_dir: Path):
         raise UsageError(f"cannot lock sweep folder {sweep_dir}: {e.strerror or e}") from None
     handle = os.fdopen(fd, "r+b")
     try:
-        import fcntl
+        import fcntl  # not on Windows
 
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except ImportError:  # no fcntl (Windows): run unlocked
@@ -137,7 +135,7 @@ def visible_gpus() -> list[str]:
         return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g]
     if not gpu_device_nodes():
         return []  # importing torch to learn this costs seconds before the first run starts
-    import torch
+    import torch  # deferred: only where device nodes show a GPU
 
     return [str(i) for i in range(torch.cuda.device_count())]
 
@@ -459,7 +457,7 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
     progress, analyses = Progress(len(runs), jobs), {}
 
     def share_cores() -> None:  # this process's own work shares the cores with the trainings
-        import torch
+        import torch  # deferred: only when this process analyses a run itself
 
         torch.set_num_threads(threads)
 

@@ -24,6 +24,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from sae.settings.config import DATASETS
 from sae.settings.metric_defs import METRIC
 from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes, read_json
 from sae.sweep.launch import run_state
@@ -61,7 +62,7 @@ LEGEND_SUMMARY = "What the columns mean: mean ± std over seeds, on the test set
 def legend() -> str:
     """What the summary table's cells are: its metrics' definitions
     (:mod:`sae.settings.metric_defs`)."""
-    from sae.sweep.display import SUMMARY_COLUMNS
+    from sae.sweep.display import SUMMARY_COLUMNS  # pandas: not at sae.compare's start
 
     return ("Cells are mean ± std over seeds (sample std; none with one seed), on the test set. "
             + "; ".join(f"{METRIC[name].label}: {METRIC[name].definition}"
@@ -102,7 +103,7 @@ _TEST_PLACED = ("This results table predates validation metrics: runs are placed
 
 def headline_note(results) -> str:
     """The headline's note, saying so where runs are placed by test L0 (an earlier table)."""
-    from sae.sweep.matching import choice_l0
+    from sae.sweep.matching import choice_l0  # pandas: not at sae.compare's start
 
     _, on_val = choice_l0(results)
     return _HEADLINE_NOTE if on_val or results.empty else f"{_HEADLINE_NOTE} {_TEST_PLACED}"
@@ -126,8 +127,9 @@ def findings(summary, judged, dataset: str) -> list[str]:
     (adaptive gain; on data with known features, recovery and L0 tracking; probe; dead
     units), each with its margin when it is within the seed spread.
     """
+    # pandas: not at sae.compare's start
     from sae.sweep.aggregate import exact_zeros
-    from sae.sweep.display import format_criterion
+    from sae.sweep.display import format_criterion  # pandas
 
     part = judged[judged["dataset"] == dataset]
     rows = summary[summary["dataset"] == dataset]
@@ -205,8 +207,6 @@ def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict
     column, relative to the page) whose ``report.html`` exists. Missing files get no link, so a
     copy without ``runs/`` names none. ``datasets`` are the page's own datasets.
     """
-    from sae.settings.config import DATASETS
-
     page_dir = Path(page_dir)
     here = page_dir.resolve()
     siblings = [p.parent.name for p in page_dir.parent.glob("*/comparison.html")
@@ -220,7 +220,7 @@ def related_links(page_dir: Path, datasets: Sequence[str], results=None) -> dict
     runs: dict[str, list[tuple[str, str]]] = {}
     unbuilt: list[str] = []
     if results is not None and len(results):
-        from sae.sweep.aggregate import config_label
+        from sae.sweep.aggregate import config_label  # pandas: not at sae.compare's start
 
         for _, r in results.iterrows():
             rel = str(r.get("run", ""))
@@ -242,7 +242,7 @@ def see_also_markdown(pages: Sequence[tuple[str, str]]) -> str | None:
 
 def see_also_html(pages: Sequence[tuple[str, str]]):
     """comparison.html's "See also" paragraph text (a fragment); None without pages."""
-    from sae.pages import html
+    from sae.pages import html  # jinja2: only for the HTML page
 
     if not pages:
         return None
@@ -332,8 +332,9 @@ def comparison_markdown(sweep: Sweep, results, raw: dict[str, dict[str, float]],
     """comparison.md of the runs ``results``: per dataset the verdict, its findings, the
     headline, the summary table (best cells bold) and the "vs KL-SAE" table; links to related
     pages when ``links`` names any."""
+    # pandas: not at sae.compare's start
     from sae.sweep.aggregate import match_kl, summarize_seeds
-    from sae.sweep.display import (
+    from sae.sweep.display import (  # pandas
         best_cells,
         headline_display,
         kl_display,
@@ -341,7 +342,7 @@ def comparison_markdown(sweep: Sweep, results, raw: dict[str, dict[str, float]],
         to_markdown,
         verdict_display,
     )
-    from sae.sweep.matching import verdict
+    from sae.sweep.matching import verdict  # pandas
 
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
     summary = summarize_seeds(results)
@@ -381,9 +382,10 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
     """comparison.html of the runs ``results``: the verdict, findings and tables of
     comparison.md, the plots, the links of ``links`` (:func:`related_links`) and the sweep
     file, one page."""
+    # jinja2 and pandas: not at sae.compare's start
     from sae.pages import html as pages
-    from sae.sweep.aggregate import match_kl, summarize_seeds
-    from sae.sweep.display import (
+    from sae.sweep.aggregate import match_kl, summarize_seeds  # pandas
+    from sae.sweep.display import (  # pandas
         best_cells,
         headline_display,
         kl_display,
@@ -391,7 +393,7 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
         to_html,
         verdict_display,
     )
-    from sae.sweep.matching import verdict
+    from sae.sweep.matching import verdict  # pandas
 
     links = links or {"pages": [], "runs": {}, "unbuilt": []}
     summary = summarize_seeds(results)
@@ -447,7 +449,7 @@ def prepare_outputs(sweep_dir: Path, finished: list[Run], data: DataCache) -> No
     (raw_probe.json, with their data in ``data``). A sweep calls it while its last runs train,
     so that the outputs follow the last run within seconds."""
     from sae import figures  # noqa: F401 (imported for its cost, now)
-    from sae.sweep import plots  # noqa: F401
+    from sae.sweep import plots  # noqa: F401 (matplotlib, likewise)
 
     if finished:
         raw_probes(sweep_dir, finished, data)
@@ -457,9 +459,10 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
                   analyses: dict[Path, dict], data: DataCache | None = None) -> list[Path]:
     """results.csv, comparison.md/html and the plots; returns the files written. ``data``:
     the data splits already loaded (for the raw-pixel probes), if any."""
+    # matplotlib and pandas: not at sae.compare's start
     from sae import figures
-    from sae.sweep import plots
-    from sae.sweep.aggregate import PROBE_METRICS, summarize_seeds
+    from sae.sweep import plots  # matplotlib
+    from sae.sweep.aggregate import PROBE_METRICS, summarize_seeds  # pandas
 
     done = [r for r in runs if run_state(sweep_dir / r.rel) == "done"]
     results, l0, per_class = collect(sweep_dir, done, analyses)
@@ -508,7 +511,7 @@ def write_outputs(sweep_dir: Path, sweep: Sweep, runs: list[Run],
 
 def _measured(results, metric: str) -> bool:
     """Whether any run of ``results`` has a finite value of ``metric``."""
-    import pandas as pd
+    import pandas as pd  # not at sae.compare's start
 
     return metric in results and bool(pd.to_numeric(results[metric], errors="coerce")
                                       .notna().any())
@@ -521,7 +524,7 @@ def publish_page(sweep_dir: Path, sweep: Sweep, runs: list[Run], folder: Path) -
     with the links that exist from ``folder``: no run reports when ``folder`` has no runs, the
     gallery and the other dataset's page where they lie beside it.
     """
-    import pandas as pd
+    import pandas as pd  # not at sae.compare's start
 
     results = pd.read_csv(sweep_dir / "results.csv")
     raw = raw_by_dataset(read_json(sweep_dir / "raw_probe.json", list) or [], runs)

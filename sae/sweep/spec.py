@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sae.settings.cli import UsageError, check_mapping, load_yaml, run_config, shown, to_argv
-from sae.settings.config import DATASETS, FIXED_BUDGET, PROBE_LOSSES, RunConfig
+from sae.settings.config import DATASETS, FIXED_BUDGET, MODELS, PROBE_LOSSES, RunConfig
 from sae.settings.variants import NO_BUDGET
 
 __all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
@@ -140,8 +140,6 @@ def _grid(values: object, where: str) -> tuple[float, ...]:
 
 
 def _model_entry(name: object, entry: object, path: Path) -> ModelEntry:
-    from sae.settings.config import MODELS
-
     # the name is a folder name in the sweep: short enough for any file system
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         raise UsageError(f"{path}: model name {shown(name)} must be 1 to 64 letters, digits, "
@@ -231,7 +229,7 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def _data_name(path: str) -> str:
     """The dataset name of runs on a data file: the manifest's name or the file's stem."""
-    from sae.data.matrixdata import data_name
+    from sae.data.matrixdata import data_name  # torch and Lightning: only for runs on a data file
 
     return data_name(path)
 

@@ -31,6 +31,9 @@ import time
 import traceback
 from pathlib import Path
 
+from sae.runner import command as run
+from sae.sweep.analysis import DataCache, analyse_run
+from sae.sweep.launch import open_log
 from sae.system.process import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -39,7 +42,9 @@ from sae.system.process import (
     STOPS,
     Terminated,
     stop_code,
+    stop_with_parent,
 )
+from sae.training import runfolder
 
 __all__ = ["STOPPING_CODES", "main", "run_job"]
 
@@ -62,10 +67,6 @@ def _folder_of(argv: list[str]) -> Path | None:
 
 def run_job(job: dict, data) -> dict:
     """Train (and analyse) one run in this process; returns the answer to send back."""
-    from sae.runner import command as run
-    from sae.sweep.launch import open_log
-    from sae.training import runfolder
-
     argv, log = list(job["argv"]), Path(job["log"])
     with open_log(log) as fh:
         _redirect(fh.fileno())
@@ -93,8 +94,6 @@ def run_job(job: dict, data) -> dict:
     print(f"# exit code {code} after {seconds:.1f} s", flush=True)
     answer = {"code": code, "seconds": seconds, "analysis_error": None}
     if code == 0 and job.get("analyse") and folder is not None:
-        from sae.sweep.analysis import analyse_run
-
         start = time.perf_counter()
         try:
             analyse_run(folder, data)
@@ -109,12 +108,8 @@ def main() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     # until the first job, and between jobs, output goes where stderr went
     os.dup2(2, 1)
-    from sae.system.process import stop_with_parent
-
     stop_with_parent()  # stop (SIGTERM) when the sweep dies, even by kill -9
-    import torch
-
-    from sae.sweep.analysis import DataCache
+    import torch  # deferred: seconds of import, with the output redirected and the stop armed
 
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
