@@ -11,6 +11,8 @@ import os
 import struct
 from pathlib import Path
 
+from sae.system.io import open_regular
+
 __all__ = ["DATASETS", "IDX_FILES", "cache_folder", "candidate_folders", "default_cache_dir",
            "find_folder", "has_any_idx", "idx_path", "not_found", "training_images"]
 
@@ -71,8 +73,6 @@ def training_images(folder: Path) -> int | None:
     """How many images the training IDX file in ``folder`` says it holds (its header: the
     first 8 bytes), or None when it cannot tell (missing, unreadable, not an IDX file): reading
     the file in full checks it later."""
-    from sae.system.io import open_regular
-
     path = idx_path(folder, IDX_FILES["train_images"])
     if path is None:
         return None

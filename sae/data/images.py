@@ -15,7 +15,9 @@ index slice of it. torchvision's per-sample PIL path costs ~60x more per epoch f
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import itertools
 import math
 import os
@@ -27,8 +29,11 @@ from pathlib import Path
 import lightning.pytorch as L
 import numpy as np
 import torch
+import torchvision
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from sae import metrics
+from sae.data import splitcache
 from sae.data.imagefiles import (  # noqa: F401 (where the files are found: sae.data.imagefiles)
     DATASETS,
     IDX_FILES,
@@ -38,6 +43,7 @@ from sae.data.imagefiles import (  # noqa: F401 (where the files are found: sae.
 )
 from sae.data.imagefiles import has_any_idx as _has_any_idx
 from sae.data.imagefiles import idx_path as _idx_path
+from sae.system.io import open_regular
 
 CLASS_NAMES: dict[str, list[str]] = {
     "mnist": [str(d) for d in range(10)],
@@ -58,8 +64,6 @@ class DataSourceError(RuntimeError):
 def read_idx(path: Path) -> np.ndarray:
     """Read one IDX file (``.gz`` or raw) into an array, checking its header against its size
     and reading at most :data:`MAX_IDX_BYTES` (a small ``.gz`` can unpack to any size)."""
-    from sae.system.io import open_regular
-
     path = Path(path)
     try:  # a regular file only: a FIFO or a device under the IDX name is refused, not read
         with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
@@ -225,12 +229,7 @@ def load_arrays(dataset: str, data_dir: str | Path | None = None,
 
 
 def _torchvision_download(dataset: str, cache_dir: Path) -> None:
-    import contextlib
-    import io
-
-    from torchvision import datasets
-
-    cls = getattr(datasets, DATASETS[dataset])
+    cls = getattr(torchvision.datasets, DATASETS[dataset])
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         for train in (True, False):
             cls(str(cache_dir), train=train, download=True)
@@ -408,9 +407,6 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
         reference), computed once per split and machine (:mod:`sae.data.splitcache`) and kept in
         memory for the process: it costs more than the rest of a short run's test metrics, and
         a sweep worker's runs (and their analyses) share their split."""
-        from sae.data import splitcache
-        from sae.metrics import principal_components
-
         self.load()
         if self._shared.pca is None:
             key, pca = self._split_key, None
@@ -418,7 +414,7 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
             if key is not None:
                 pca = splitcache.read_pca(folder, key, self.train_mean)
             if pca is None:
-                pca = principal_components(self.train_x)
+                pca = metrics.principal_components(self.train_x)
                 if key is not None:
                     splitcache.write_pca(folder, key, pca)
             self._shared.pca = pca

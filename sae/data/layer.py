@@ -26,9 +26,20 @@ command takes such a folder and writes it again, if it holds nothing but this to
 
 from __future__ import annotations
 
+import io
 import signal
 import sys
 from pathlib import Path
+
+from sae.system.io import write_bytes, write_json, write_text
+from sae.system.process import (
+    STOPS,
+    exit_now,
+    importing,
+    interrupted,
+    raise_terminated,
+    running_as,
+)
 
 ARCHS = {"mlp": 2, "cnn": 3}  # hidden layers each architecture has
 MARKER = ".sae-layer"  # written first: a folder with it and no dataset.json is an unfinished dump
@@ -39,7 +50,7 @@ WRITTEN = {MARKER, "classifier.pt", "dataset.json", *(f"{name}.npy" for name in 
 def build_classifier(arch: str):
     """The classifier as a sequence of stages; stage i's output is hidden layer i + 1, the last
     stage gives the 10 logits (so ``--hook <i>`` of it is hidden layer i + 1)."""
-    from torch import nn
+    from torch import nn  # torch: not at the command's start, before its flags are checked
 
     if arch == "mlp":
         return nn.Sequential(*[
@@ -66,8 +77,9 @@ def forward(stages, x, upto: int | None = None):
 def train_classifier(arch: str, train_x, train_y, epochs: int, seed: int, batch_size: int = 128,
                      lr: float = 1e-3, say=print):
     """Adam on the cross-entropy, the order of each epoch drawn from (seed, epoch)."""
+    # torch: not at the command's start, before its flags are checked
     import torch
-    from torch.nn import functional as F
+    from torch.nn import functional as F  # likewise
 
     torch.manual_seed(seed)
     stages = build_classifier(arch)
@@ -91,10 +103,11 @@ def activations(stages, x, layer: int, batch_size: int = 1000):
     """Hidden layer ``layer``'s flattened activations on ``x``, [N, D] float32: read with a
     forward hook on stage ``layer`` while the classifier runs, as ``--source`` reads any model's
     layer (:class:`sae.data.streamed.LayerReader`)."""
+    # torch and Lightning: not at the command's start, before its flags are checked
     import torch
-    from torch.utils.data import TensorDataset
+    from torch.utils.data import TensorDataset  # likewise
 
-    from sae.data.streamed import LayerReader
+    from sae.data.streamed import LayerReader  # likewise
 
     reader = LayerReader(stages, stages[layer - 1])
     inputs = TensorDataset(x)
@@ -103,7 +116,7 @@ def activations(stages, x, layer: int, batch_size: int = 1000):
 
 
 def accuracy(stages, x, y) -> float:
-    import torch
+    import torch  # not at the command's start, before its flags are checked
 
     with torch.no_grad():
         logits = torch.cat([forward(stages, x[i:i + 1000]) for i in range(0, len(x), 1000)])
@@ -111,9 +124,7 @@ def accuracy(stages, x, y) -> float:
 
 
 def _npy_bytes(array) -> bytes:
-    import io
-
-    import numpy as np
+    import numpy as np  # not at the command's start, before its flags are checked
 
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
@@ -123,8 +134,6 @@ def _npy_bytes(array) -> bytes:
 def write_dataset(out: Path, parts: dict, manifest: dict) -> None:
     """Every array of ``parts`` as ``<name>.npy`` and the manifest last, each atomically: a
     folder with ``dataset.json`` is complete."""
-    from sae.system.io import write_bytes, write_json
-
     for name, array in parts.items():
         write_bytes(out / f"{name}.npy", _npy_bytes(array))
     write_json(out / "dataset.json", manifest)
@@ -174,8 +183,7 @@ def _to_make(out: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sae.settings.cli import OneLineParser, UsageError, path_arg
-    from sae.system.process import STOPS, importing, interrupted, raise_terminated, running_as
+    from sae.settings.cli import OneLineParser, UsageError, path_arg  # yaml: for the command only
 
     # Ctrl-C always interrupts, even when started from a script that ignores SIGINT for its
     # background jobs; SIGTERM stops it the same way
@@ -243,11 +251,11 @@ def main(argv: list[str] | None = None) -> int:
 def _dump(args, argv: list[str] | None, state: dict) -> int:
     """Train, then write the dataset; ``state["made"]`` is set once ``--out`` is written to
     (the outermost folder made, or None), so that a stop can undo it."""
+    # torch and Lightning: loaded once the flags are checked (main)
     import torch
 
-    from sae.data.images import DataSourceError, load_arrays, to_float
-    from sae.data.matrix import FORMAT
-    from sae.system.io import write_bytes, write_text
+    from sae.data.images import CLASS_NAMES, DataSourceError, load_arrays, to_float  # likewise
+    from sae.data.matrix import FORMAT  # numpy, likewise
 
     try:
         arrays = load_arrays(args.dataset, args.data_dir)
@@ -269,8 +277,6 @@ def _dump(args, argv: list[str] | None, state: dict) -> int:
             parts[f"{split}_labels"] = y.numpy().astype("int64")
             parts[f"{split}_rows"] = torch.arange(len(x)).numpy()
         dim = parts["train"].shape[1]
-        from sae.data.images import CLASS_NAMES
-
         manifest = {
             "format": FORMAT,
             "name": f"{args.dataset} {args.arch} layer {args.layer}",
@@ -284,8 +290,6 @@ def _dump(args, argv: list[str] | None, state: dict) -> int:
                        "epochs": args.epochs, "seed": args.seed,
                        "classifier_test_accuracy": round(test_accuracy, 6)},
         }
-        import io
-
         buffer = io.BytesIO()  # written atomically, as every file here
         torch.save({k: v.detach().clone() for k, v in stages.state_dict().items()}, buffer)
         state["made"] = _to_make(args.out)
@@ -311,7 +315,5 @@ def as_command() -> None:
     """Run as ``python -m sae.layer``: exit with :func:`main`'s code."""
     code = main()
     if code in (130, 143):  # stopped: nothing is left to write; no slow teardown of torch
-        from sae.system.process import exit_now
-
         exit_now(code)
     sys.exit(code)

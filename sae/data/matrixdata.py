@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ import torch
 from sae.data.images import EpochShuffle, IndexedLoaders
 from sae.data.matrix import MatrixError, checked, manifest_name
 from sae.data.scan import moments, sums
+from sae.metrics import principal_components
 
 __all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "TrainMoments", "Truth", "checked",
            "data_name", "streamed_moments", "streamed_pca"]
@@ -50,8 +52,6 @@ NO_LABELS = ["all inputs"]  # the one class of unlabelled rows
 def data_name(path: str | Path) -> str:
     """A data set's short name for folders and tables: the manifest's ``name`` made a file
     name (letters, digits, ``-``), or the file's stem."""
-    import re
-
     path = Path(path)
     name = path.stem
     if path.suffix.lower() == ".json":
@@ -157,8 +157,6 @@ def streamed_pca(rows, max_rows: int = PCA_ROWS, block: int = 8192):
     """``sae.metrics.PCA`` (all components) of at most ``max_rows`` rows of ``rows``, evenly
     spaced, accumulated a block at a time: the adaptivity's reference for any D without loading
     the training split."""
-    from sae.metrics import principal_components
-
     n = len(rows)
     pick = np.unique(np.linspace(0, n - 1, min(n, max_rows)).round().astype(np.int64))
     x = torch.cat([rows[pick[i:i + block]] for i in range(0, len(pick), block)])

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+from numpy.lib import format as npy
+
+from sae.system.io import UnsafePathError, open_regular
 
 __all__ = ["FileRows", "Header", "NpyError", "map_array", "open_npy", "open_rows", "read_array",
            "read_header"]
@@ -45,8 +48,6 @@ class Header:
 def open_npy(path: str | Path) -> BinaryIO:
     """The regular file ``path`` opened for reading (a link the user made is followed; what it
     leads to must be a regular file). Raises :class:`NpyError`."""
-    from sae.system.io import UnsafePathError, open_regular
-
     path = Path(path)
     try:
         return os.fdopen(open_regular(path, follow_links=True), "rb")
@@ -64,8 +65,6 @@ def read_header(f: BinaryIO, path: str | Path) -> Header:
     """The header of the ``.npy`` file open as ``f`` (positioned at its start), checked: a
     version numpy writes, a shape of integers >= 0, a dtype. Nothing is unpickled; numpy's own
     warnings (a header of Python 2) are not printed."""
-    from numpy.lib import format as npy
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

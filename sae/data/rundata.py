@@ -210,7 +210,7 @@ def header_record(settings: dict) -> dict | None:
         return None
     # numpy: only for --data runs (an image run's command starts without it)
     from sae.data.matrix import FLOAT_DTYPES
-    from sae.data.npyfile import NpyError, open_npy, read_header
+    from sae.data.npyfile import NpyError, open_npy, read_header  # likewise
 
     try:
         with open_npy(Path(data).expanduser()) as f:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sae.system.io import open_regular
 from sae.system.process import stop_signals_to_main_thread
 
 __all__ = ["BLOCK_BYTES", "Scan", "file_sha256", "first_nonfinite_row", "first_unusable_row",
@@ -101,8 +102,6 @@ def first_unusable_row(x: np.ndarray, beyond_float32: bool = True) -> tuple[int,
 
 def file_sha256(path: str | Path, block: int = 8 << 20) -> str:
     """SHA-256 of a file's bytes, read in blocks (a large matrix is never held whole)."""
-    from sae.system.io import open_regular
-
     digest = hashlib.sha256()
     with os.fdopen(open_regular(path, follow_links=True), "rb") as f:
         while chunk := f.read(block):

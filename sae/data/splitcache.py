@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sae.metrics.dynamic import PCA
 from sae.system.io import atomic_file
 
 __all__ = ["VERSION", "read_pca", "write_pca"]
@@ -43,8 +44,6 @@ def _path(folder: Path, key: tuple) -> Path:
 def read_pca(folder: Path, key: tuple, train_mean: torch.Tensor):
     """The ``PCA`` cached in ``folder`` for the split named by ``key`` whose mean image is
     ``train_mean`` [D] (float32 or float64); None when there is none that passes every check."""
-    from sae.metrics.dynamic import PCA
-
     d = train_mean.shape[0]
     try:
         with np.load(_path(folder, key), allow_pickle=False) as z:

@@ -25,7 +25,9 @@ inputs that are images (``[h, w]`` or ``[1, h, w]``) are shown in the feature br
 from __future__ import annotations
 
 import importlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import lightning.pytorch as L
 import numpy as np
@@ -35,7 +37,9 @@ from torch.utils.data import TensorDataset
 
 from sae.data.images import EpochShuffle, IndexedLoaders
 from sae.data.matrixdata import PCA_ROWS, TrainMoments, streamed_moments
+from sae.data.rundata import read_record
 from sae.metrics import principal_components
+from sae.settings.cli import UsageError
 from sae.system.process import stop_signals_to_main_thread
 
 MOMENT_ROWS = 65536  # training inputs the mean row and variance are computed from, at most
@@ -264,8 +268,6 @@ class StreamedRows:
         self._key, self._order, self._block = where, order, block
         following = start + self.chunk
         if following < len(self.index):  # the next chunk of this epoch, while this one trains
-            from concurrent.futures import ThreadPoolExecutor
-
             self._pool = self._pool or ThreadPoolExecutor(
                 1, thread_name_prefix="sae-source", initializer=stop_signals_to_main_thread)
             order = self.sampler.epoch_order(epoch)[following:following + self.chunk].copy()
@@ -457,11 +459,6 @@ def check_source(config, explicit: bool) -> dict:
     returns the record ``data.json`` keeps. ``explicit``: --source was given as a flag (a
     resumed run's source is never taken from its folder's files, which are not trusted to name
     code to import). Raises ``UsageError`` with one line."""
-    from pathlib import Path
-
-    from sae.data.rundata import read_record
-    from sae.settings.cli import UsageError
-
     data, out = config.data, Path(config.folder.out)
     recorded = read_record(out) if config.folder.resume is not None else None
     if config.folder.resume is not None:

@@ -43,6 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sae.data.layer import write_dataset
+from sae.data.matrix import FORMAT
+
 __all__ = ["GroundTruthData", "SynthConfig", "generate", "main", "manifest", "write"]
 
 
@@ -161,8 +164,6 @@ def generate(cfg: SynthConfig) -> GroundTruthData:
 
 def manifest(cfg: SynthConfig, data: GroundTruthData, command: str) -> dict:
     """The ``dataset.json`` of generated data: its files, truth, settings and true L0."""
-    from sae.data.matrix import FORMAT
-
     true_l0 = {split: float(a.sum(1).mean()) for split, a in
                (("train", data.train_active), ("test", data.test_active))}
     return {
@@ -178,8 +179,6 @@ def manifest(cfg: SynthConfig, data: GroundTruthData, command: str) -> dict:
 
 def write(out: Path, cfg: SynthConfig, data: GroundTruthData, command: str) -> None:
     """Every array as ``<name>.npy`` and ``dataset.json`` last (a folder with it is complete)."""
-    from sae.data.layer import write_dataset
-
     out.mkdir(parents=True, exist_ok=True)
     parts = {"train": data.train_x, "test": data.test_x, "features": data.features,
              "train_active": np.packbits(data.train_active, axis=1),
@@ -188,7 +187,7 @@ def write(out: Path, cfg: SynthConfig, data: GroundTruthData, command: str) -> N
 
 
 def _parser():
-    from sae.settings.cli import OneLineParser, path_arg
+    from sae.settings.cli import OneLineParser, path_arg  # yaml: for the command only
 
     parser = OneLineParser(prog="python -m sae.synth",
                            description="Write activation data built from a known dictionary, "
@@ -203,7 +202,7 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sae.settings.cli import UsageError
+    from sae.settings.cli import UsageError  # yaml: for the command only
 
     argv = sys.argv[1:] if argv is None else argv
     try:
