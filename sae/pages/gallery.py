@@ -30,8 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sae.settings.cli import OneLineParser, UsageError
-from sae.settings.config import DATASETS
+from sae.settings.cli import OneLineParser, UsageError, resolve_settings
+from sae.settings.config import DATASETS, FIXED_BUDGET
 from sae.system.io import UnsafePathError, copy_file, read_bytes, read_text, write_text
 from sae.system.process import (
     EXIT_FAILED,
@@ -65,7 +65,7 @@ def index_page(out: Path, made: str, rows: list[list[str]]) -> str:
     """index.html: the README's table and every copied figure, one section per dataset, each
     figure shown from its file beside the page (a browser opens this; it does not render
     markdown), with links to the published comparison pages."""
-    from sae.pages import html as pages
+    from sae.pages import html as pages  # jinja2: only when the page is written
 
     sections = []
     for dataset in DATASETS:
@@ -105,7 +105,7 @@ def comparisons_markdown(out: Path) -> str | None:
 def comparisons_html(out: Path):
     """index.html's paragraph text linking every published comparison; None when there is
     none."""
-    from sae.pages import html as pages
+    from sae.pages import html as pages  # jinja2: only when the page is written
 
     names = comparisons(out)
     return pages.fragment("Comparisons: {}", pages.join(
@@ -243,8 +243,6 @@ def stop_training(proc: subprocess.Popen, sig: int) -> None:
 
 def parse_args(argv: list[str]):
     """The gallery's own flags, checked, and the rest (checked as ``sae.run`` flags)."""
-    from sae.settings.cli import resolve_settings
-
     parser = OneLineParser(prog="python -m sae.gallery", description=__doc__)
     parser.add_argument("--out", default="figures/gallery")
     parser.add_argument("--runs", default="runs/gallery")
@@ -289,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
-    from sae.settings.config import FIXED_BUDGET
-
     out, runs, k = Path(args.out), Path(args.runs), args.k
     for dataset in DATASETS:  # damage in a finished run is found before anything is written
         for model in MODELS:

@@ -256,7 +256,7 @@ def palette_png(png: bytes, colours: int = 256) -> bytes:
     image) is kept as it came: quantising it would band its gradients. Bytes that are not a
     readable PNG come back unchanged too.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # only when a figure is embedded
 
     try:
         with Image.open(io.BytesIO(png)) as image:

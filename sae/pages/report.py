@@ -25,11 +25,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sae.data.rundata import changed_data, read_record
 from sae.pages import html as pages
 from sae.pages.formatting import config_value, format_metric, format_value
 from sae.settings.cli import BY_KEY, OneLineParser, UsageError, load_yaml, path_arg
@@ -336,7 +338,7 @@ def _curves_section(run_dir: Path):
     # loading the plotting stack.
     import pandas as pd
 
-    from sae import figures
+    from sae import figures  # matplotlib, likewise
 
     try:
         history = pd.read_csv(path)
@@ -391,8 +393,6 @@ def _changed_data(run_dir: Path, config: dict[str, object]) -> str | None:
     (:func:`sae.data.rundata.changed_data`)."""
     if not config.get("data"):
         return None
-    from sae.data.rundata import changed_data
-
     return changed_data(run_dir)
 
 
@@ -413,8 +413,6 @@ def _data_of(run_dir: Path, config: dict[str, object]) -> _Data:
     (``data.json``) says they have none; an image run's are images with classes."""
     if not config.get("data"):
         return _Data()
-    from sae.data.rundata import read_record
-
     record = read_record(run_dir) or {}
     return _Data(images=False, labelled=record.get("labelled") is not False)
 
@@ -496,7 +494,7 @@ def _draw_figures(run_dir: Path) -> None:
     """Draw a finished run's missing figures from its checkpoint; a checkpoint or dataset that
     cannot be read leaves the report without figures, said in one line."""
     try:
-        from sae.training.callbacks import figures_from_checkpoint
+        from sae.training.callbacks import figures_from_checkpoint  # torch and Lightning
 
         figures_from_checkpoint(run_dir)
     except Exception as exc:  # noqa: BLE001 (the report is still written)
@@ -505,8 +503,6 @@ def _draw_figures(run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
     # Ctrl-C interrupts even when started from a script that ignores SIGINT in the background
     signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = OneLineParser(prog="python -m sae.report",

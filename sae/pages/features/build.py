@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sae.data.matrix import MatrixError
+from sae.data.rundata import read_record, same_data
 from sae.pages.features.page import render_features_page
 from sae.pages.features.stats import feature_stats, probe_weights
 from sae.pages.report import TEST_SET_PNG
-from sae.system.io import write_text
+from sae.system.io import find_link, write_text
 from sae.training.runfolder import RunFolder, RunFolderError
 
 __all__ = ["EMBEDDING_PNG", "PROBE_TRAIN_INPUTS", "build_features", "checked_run",
@@ -26,8 +28,6 @@ def checked_run(run_dir: Path) -> tuple[RunFolder, dict]:
             it, or no ``last.ckpt``.
     """
     run = RunFolder.open(run_dir)
-    from sae.system.io import find_link
-
     link = find_link(run.path)
     if link is not None:  # the page and the embedding figure would be written through it
         raise RunFolderError(f"refusing run folder {run_dir}: {link} is a link")
@@ -68,7 +68,7 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     run, config = checked_run(run_dir)
     ckpt = run.checkpoint
 
-    from sae.data.matrix import MatrixError
+    # torch and Lightning: only once the run folder is checked (python -m sae.features)
     from sae.training.checkpoints import CheckpointError, model_from_checkpoint, read_checkpoint
 
     try:
@@ -77,8 +77,6 @@ def build_features(run_dir: str | Path, data_dir: str | Path | None = None,
     except MatrixError as exc:
         raise RunFolderError(str(exc)) from None
     if config.get("data"):  # the inputs shown must be the ones the run was trained on
-        from sae.data.rundata import read_record, same_data
-
         recorded = read_record(run_dir)
         why = None if recorded is None else same_data(dm.record, recorded, config["data"])
         if why:
@@ -110,11 +108,12 @@ def write_features(run_dir: Path, model, dm, test_codes=None, max_inputs: int | 
     text its row came from (:func:`sae.pages.features.inputs.module_inputs`; ``data_dir`` finds the
     source images).
     """
+    # matplotlib, torch and Lightning: only once the run folder is checked
     from sae.figures import save_png
-    from sae.figures.embedding import embedding_figure
-    from sae.models import encode_codes
-    from sae.pages.features.inputs import module_inputs
-    from sae.training.callbacks import run_label
+    from sae.figures.embedding import embedding_figure  # likewise
+    from sae.models import encode_codes  # likewise
+    from sae.pages.features.inputs import module_inputs  # likewise
+    from sae.training.callbacks import run_label  # likewise
 
     inputs = module_inputs(dm, data_dir, max_inputs)
     dataset, class_names, x, labels = inputs.dataset, inputs.class_names, inputs.x, inputs.labels

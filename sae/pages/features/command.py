@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from sae.pages.features.build import build_features, checked_run
+from sae.settings.cli import OneLineParser, UsageError, path_arg
+from sae.system.process import (
+    STOPS,
+    exit_now,
+    importing,
+    interrupted,
+    interruptible,
+    running_as,
+)
 from sae.training.runfolder import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
-    from sae.settings.cli import (  # light: no torch, no Lightning
-        OneLineParser,
-        UsageError,
-        path_arg,
-    )
-
     # Ctrl-C interrupts even when started from a script that ignores SIGINT in the background
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -40,14 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RunFolderError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from sae.system.process import STOPS, importing, interrupted, interruptible, running_as
-
     try:
         with interruptible():
             # torch and Lightning: a stop mid-import ends the command at once
             with importing(interrupted if running_as("sae.features") else None):
                 import sae.data.matrixdata  # noqa: F401
-            from sae.data.images import DataSourceError
+            from sae.data.images import DataSourceError  # imported just above, after the checks
 
             try:
                 path = build_features(args.run, args.data_dir, args.max_inputs, args.out)
@@ -64,7 +64,5 @@ def as_command() -> None:
     """Run as ``python -m sae.features``: exit with :func:`main`'s code."""
     code = main()
     if code in (130, 143):  # stopped: the page is written atomically, so nothing is left
-        from sae.system.process import exit_now
-
         exit_now(code)
     sys.exit(code)

@@ -36,9 +36,10 @@ def module_inputs(dm, data_dir=None, max_inputs: int | None = None) -> TestInput
     Raises:
         sae.data.images.DataSourceError: the source images of activation rows cannot be found.
     """
+    # Lightning, loaded with ``dm``: not at this module's import
     from sae.data.images import load_arrays
-    from sae.data.matrixdata import MatrixDataModule
-    from sae.data.streamed import StreamedDataModule
+    from sae.data.matrixdata import MatrixDataModule  # likewise
+    from sae.data.streamed import StreamedDataModule  # likewise
 
     keep = slice(0, int(max_inputs)) if max_inputs else slice(None)
     x, labels = dm.test_x[keep], dm.test_y[keep].numpy()

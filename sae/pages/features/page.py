@@ -44,7 +44,7 @@ def _sprite_png(tiles: np.ndarray, palette: Sequence[int]) -> tuple[bytes, int]:
     ``palette`` is RGB triples, flat; up to 16 colours are stored in 4 bits a pixel.
     Returns (PNG bytes, columns).
     """
-    from PIL import Image
+    from PIL import Image  # only when the page is drawn
 
     k, th, tw = tiles.shape
     cols = max(1, min(_SPRITE_COLS, k))
@@ -64,7 +64,7 @@ def _sprite_png(tiles: np.ndarray, palette: Sequence[int]) -> tuple[bytes, int]:
 def _diverging_palette(levels: int = 256) -> list[int]:
     """``levels`` RGB entries of ``RdBu_r`` (the decoder-atom colours of
     ``figures.decoder_atoms``)."""
-    import matplotlib as mpl
+    import matplotlib as mpl  # for its colour map, only when the page is drawn
 
     rgb = mpl.colormaps["RdBu_r"](np.linspace(0.0, 1.0, levels))[:, :3]
     return [int(round(255 * v)) for v in rgb.ravel()]

@@ -87,7 +87,7 @@ def feature_stats(codes: np.ndarray, labels: np.ndarray, x: np.ndarray, atoms: n
     """
     import torch  # the firing rule and the selectivity are the metrics' own (torch)
 
-    from sae.metrics import active
+    from sae.metrics import active  # torch
 
     codes, labels, x, atoms, c = _checked(codes, labels, x, atoms, n_classes, n_top, bins,
                                           n_bands, per_band, n_nearest)
@@ -168,7 +168,7 @@ def _class_stats(fires: np.ndarray, labels: np.ndarray, c: int) -> dict[str, np.
     """``class_rate``, ``class_dist`` and ``selectivity`` of the firings ``fires`` [N, H]."""
     import torch  # sae.metrics.class_selectivity is torch's
 
-    from sae.metrics import class_selectivity
+    from sae.metrics import class_selectivity  # torch
 
     onehot = np.zeros((len(labels), c), dtype=np.float32)
     onehot[np.arange(len(labels)), labels] = 1.0
@@ -371,9 +371,9 @@ def probe_weights(train_codes: np.ndarray, train_labels: np.ndarray, test_codes:
     scales compare: a weight is how much one standard deviation of the unit raises that class's
     logit. A unit that never varies gets 0.
     """
-    import torch
+    import torch  # the probe is the metrics' own (torch)
 
-    from sae.metrics import linear_probes
+    from sae.metrics import linear_probes  # torch
 
     train_codes = np.asarray(train_codes, dtype=np.float32)
     probe = linear_probes(torch.from_numpy(train_codes),
