@@ -15,9 +15,9 @@ __all__ = ["ExportError", "LoadError", "TrainingFailed", "export", "load", "trai
 
 
 def __getattr__(name: str):
-    # deferred: the commands import this package first, and most (python -m sae.compare
-    # --help, the sweep's planning) need neither torch nor Lightning, which sae.api imports
     if name in __all__:
+        # deferred: the commands import this package first, and most (python -m sae.compare
+        # --help, the sweep's planning) need neither torch nor Lightning, which sae.api imports
         import sae.api
 
         return getattr(sae.api, name)

@@ -65,8 +65,8 @@ _state: dict = {}  # "kernels": the jitted kernels by name, or None without trit
 def _define():
     """Import triton and define the kernels (None if triton is missing)."""
     try:
-        import triton
-        import triton.language as tl
+        import triton  # optional, and slow to import: only where a kernel is first used
+        import triton.language as tl  # likewise
     except ImportError:
         return None
 
@@ -213,8 +213,9 @@ def compile_for(arch: int = 90, widths=(16, 1024, MAX_WIDTH), dtypes=("fp32", "b
     it needs triton's NVIDIA backend and must run without ``TRITON_INTERPRET``.
     """
     k = _kernels()
+    # triton's compiler: only for this check
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton.compiler import ASTSource  # likewise
 
     target = GPUTarget("cuda", arch, 32)
     sizes = {}

@@ -27,14 +27,25 @@ Nothing is overwritten: the target folder must not exist or be empty.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from sae.api.load import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, file_sha256, load
+from sae.api.load import (
+    CONFIG_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    WEIGHTS_FILE,
+    LoadError,
+    file_sha256,
+    load,
+)
 from sae.models import SparseAutoencoder
 from sae.system.io import write_text
+from sae.system.process import EXIT_FAILED, EXIT_USAGE
 
 FORMATS = ("sae", "saelens")
 SAELENS_ARCHITECTURES = {"l1": "standard", "topk": "topk", "jumprelu": "jumprelu",
@@ -99,7 +110,7 @@ def _saelens(model: SparseAutoencoder) -> tuple[dict, dict]:
 
 
 def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict, format: str) -> Path:
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # only when a folder is written
 
     weights_name, config_name = ((WEIGHTS_FILE, CONFIG_FILE) if format == "sae"
                                  else ("sae_weights.safetensors", "cfg.json"))
@@ -115,12 +126,6 @@ def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict, format:
 def main(argv: list[str] | None = None) -> int:
     """``python -m sae.export RUN FOLDER [--format sae|saelens]``: one line, and exit 0, 1
     (the folder could not be written) or 2 (a bad run, format or target)."""
-    import argparse
-    import sys
-
-    from sae.api.load import LoadError
-    from sae.system.process import EXIT_FAILED, EXIT_USAGE
-
     parser = argparse.ArgumentParser(
         prog="python -m sae.export", description="Write a trained SAE for other tools.")
     parser.add_argument("run", help="run folder, checkpoint, or folder exported before")

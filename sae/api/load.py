@@ -70,7 +70,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> SparseAutoenco
 def read_exported(folder: Path) -> SparseAutoencoder:
     """The model of an exported folder: ``config.json`` (format, settings, the weights' hash)
     and ``model.safetensors``, each checked before the next step reads anything."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # only for an exported folder
 
     config = _read_config(folder / CONFIG_FILE)
     weights = folder / WEIGHTS_FILE

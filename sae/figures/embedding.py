@@ -24,9 +24,12 @@ the comparison costs no more time than the codes alone.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
+from threadpoolctl import threadpool_limits
 
 from sae.figures.common import empty_note, styled
 
@@ -52,9 +55,9 @@ def embed_codes(codes: np.ndarray, max_points: int = EMBED_MAX_POINTS, seed: int
         ``(points [n, 2], index [n])``: the embedded positions and which rows of ``codes`` they
         are (sorted), ``n = min(N, max_points)``. Fewer than 10 codes give empty arrays.
     """
+    # scikit-learn: only when an embedding is drawn
     from sklearn.decomposition import PCA
-    from sklearn.manifold import TSNE
-    from threadpoolctl import threadpool_limits
+    from sklearn.manifold import TSNE  # likewise
 
     codes = np.asarray(codes, dtype=np.float32)
     codes = codes.reshape(len(codes), -1)  # images [N, h, w] as rows of pixels
@@ -81,10 +84,7 @@ def embed_many(arrays: list[np.ndarray], max_points: int = EMBED_MAX_POINTS, see
     """:func:`embed_codes` of several ``[N, *]`` arrays of the same N inputs, one thread each:
     the same subset of rows (the subset depends on N and ``seed`` only), each result equal to
     its own :func:`embed_codes` call, bit for bit, in every call."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import sklearn.manifold  # noqa: F401 (its OpenMP runtime loaded, so that the limit holds it)
-    from threadpoolctl import threadpool_limits
 
     # One limit around all the threads: the limit is the process's, so a thread that left its
     # own limit first would lift it under the others, whose gradients would then be summed by

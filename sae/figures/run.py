@@ -219,9 +219,10 @@ def class_selectivity(class_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Preferred class ``[H]`` and selectivity ``[H]`` of each unit from ``[C, H]`` per-class
     firing frequencies: :func:`sae.metrics.class_selectivity` (the feature browser's
     definition), on numpy arrays."""
+    # torch: the figures import without it
     import torch
 
-    from sae.metrics import class_selectivity as selectivity_of
+    from sae.metrics import class_selectivity as selectivity_of  # torch
 
     class_freq = np.atleast_2d(np.asarray(class_freq, dtype=float))
     preferred, selectivity = selectivity_of(torch.from_numpy(class_freq))

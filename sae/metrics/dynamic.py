@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sae.metrics.basic import _acc_dtype, _codes, _column_mean_std, _flat, _image, active, l0
@@ -341,8 +342,7 @@ def _cpu_scatter(x: torch.Tensor, mean: torch.Tensor, chunk: int) -> torch.Tenso
     """Σ_n (x_n − μ)(x_n − μ)ᵀ in float64 on the CPU by BLAS ``dsyrk``, which computes one
     triangle of the symmetric product: half the work of the full matrix product (the largest
     cost of a run's test metrics), the same sums up to rounding."""
-    import numpy as np
-    from scipy.linalg.blas import dsyrk
+    from scipy.linalg.blas import dsyrk  # only for the CPU's scatter matrix
 
     d = x.shape[1]
     upper = np.zeros((d, d), order="F")

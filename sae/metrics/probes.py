@@ -48,11 +48,13 @@ Large sums are accumulated in float64 (float32 on devices without float64 suppor
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from sae import activations
 from sae.metrics.basic import _column_mean_std, _flat
 from sae.settings.config import PROBE_LOSSES
 from sae.system.process import stop_signals_to_main_thread
@@ -103,8 +105,7 @@ def probe_probabilities(logits: torch.Tensor, loss: str) -> torch.Tensor:
     if loss == "softmax":
         return torch.softmax(logits, dim=1)
     if loss == "sparsemax":
-        from sae.activations import sparsemax
-        return sparsemax(logits, dim=1)
+        return activations.sparsemax(logits, dim=1)
     raise ValueError(f"probe loss must be one of {', '.join(PROBE_LOSSES)}, not {loss!r}")
 
 
@@ -220,7 +221,7 @@ def _probe_kernels() -> dict:
     """The compiled loops: ``dense`` (``_probe_dense_rows``) and ``csr`` (``_probe_csr_rows``)."""
     global _probe_row_loss_kernel
     if not _probe_kernel_cache:
-        import numba
+        import numba  # slow to import: only where a probe is first fitted
 
         opts = {"nogil": True, "cache": True}
         _probe_row_loss_kernel = numba.njit(**opts)(_probe_row_loss)
@@ -265,7 +266,7 @@ class _ProbeProblem:
         self.sparse = sparse
         self.kernels = _probe_kernels()
         if sparse:
-            import scipy.sparse
+            import scipy.sparse  # only for sparse features
             csr = scipy.sparse.csr_matrix(x.numpy())
             self.csr = (csr.indptr.astype(np.int64), csr.indices.astype(np.int64), csr.data)
             edges = [self.n * i // _PROBE_BLOCKS for i in range(_PROBE_BLOCKS + 1)]
@@ -321,8 +322,6 @@ class _ProbeProblem:
 
     def _pool(self, threads: int):
         """The block threads, started once per problem rather than once per evaluation."""
-        from concurrent.futures import ThreadPoolExecutor
-
         if self.pool is None or self.pool_threads != threads:
             self.close()
             self.pool = ThreadPoolExecutor(threads, initializer=stop_signals_to_main_thread)
@@ -361,7 +360,7 @@ def _fit_probe(problem: _ProbeProblem, loss: str, w0, *, weight_decay: float, ma
     Returns the weights [D, C] and bias [C] on the raw features, the objective and the
     iterations used (float64 numpy).
     """
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # only where a probe is fitted
 
     n, d, c = problem.n, problem.d, problem.n_classes
     scale, shift = problem.scale, problem.shift

@@ -59,7 +59,7 @@ def match_features(atoms: torch.Tensor, features: torch.Tensor) -> FeatureMatch:
         atoms: W [D, H], the decoder's columns.
         features: G [F, D], the true features.
     """
-    from scipy.optimize import linear_sum_assignment
+    from scipy.optimize import linear_sum_assignment  # only for data with known features
 
     if atoms.ndim != 2 or features.ndim != 2 or atoms.shape[0] != features.shape[1]:
         raise ValueError(f"atoms [D, H] {tuple(atoms.shape)} and features [F, D] "

@@ -149,8 +149,8 @@ def _import_training() -> None:
 
     # the training modules: importing them is this function's job, after the checks
     import sae.data.images
-    import sae.models
-    import sae.training.checkpoints
+    import sae.models  # likewise
+    import sae.training.checkpoints  # likewise
     import sae.training.engine  # noqa: F401
 
 
@@ -258,9 +258,9 @@ def _written_by(e: BaseException, function) -> bool:
 def _train(config: RunConfig, out: Path, created: bool, primary: bool, say) -> int:
     # torch and Lightning, already loaded by _import_training: not at this module's import
     from sae.data.images import DataSourceError
-    from sae.training.checkpoints import CheckpointError, write_checkpoint
-    from sae.training.engine import TrainingSetupError, train
-    from sae.training.guards import NonFiniteLossError
+    from sae.training.checkpoints import CheckpointError, write_checkpoint  # likewise
+    from sae.training.engine import TrainingSetupError, train  # likewise
+    from sae.training.guards import NonFiniteLossError  # likewise
 
     try:
         trained = train(config)
@@ -329,8 +329,8 @@ def _interrupted_report(out: Path, command: str) -> None:
     failure while it is written leaves the run as it is, without a report."""
     try:
         with _signals_held():  # no half-imported plotting modules; the signal waits a moment
-            from sae.pages.report import write_report
-            from sae.training.engine import status
+            from sae.pages.report import write_report  # jinja2: only when it is made
+            from sae.training.engine import status  # loaded with the training, not at import
         with status("report"):  # seconds: named as it starts, as a finished run's steps are
             write_report(out, resume_command=command)
     except (KeyboardInterrupt, Terminated, Exception):  # noqa: BLE001 (the stop goes on)

@@ -10,6 +10,7 @@ terminated (SIGTERM), the shell's conventions for the last two.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -160,9 +161,6 @@ def end_process(code: int):
     waits for), the ``atexit`` handlers run, the streams are flushed, and the process ends
     without the interpreter's teardown of torch and Lightning, which costs 2 to 4 s after the
     last line on a loaded 2-core machine and does nothing a finished command needs."""
-    import atexit
-    import threading
-
     waiting = [t for t in threading.enumerate()
                if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if waiting:
@@ -220,7 +218,7 @@ def stop_with_parent() -> None:
     parent = os.environ.pop(PARENT_ENV, None)  # not inherited by DDP workers
     if not parent or not sys.platform.startswith("linux"):
         return
-    import ctypes
+    import ctypes  # only on Linux, in a sweep's runs: not at every command's start
 
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

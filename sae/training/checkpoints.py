@@ -45,12 +45,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import pickle
 import zipfile
 from pathlib import Path
 
+import lightning.pytorch as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -386,10 +388,6 @@ def _like(value, reference, where: str, path) -> None:
 def _loop_reference() -> dict | None:
     """The loop states of a fresh Lightning Trainer (the shape it restores), or None where no
     plain CPU trainer can be made (a DDP worker's environment)."""
-    import logging
-
-    import lightning.pytorch as L
-
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:  # a reference trainer, not a run: no banners

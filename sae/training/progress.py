@@ -19,8 +19,10 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from tqdm import tqdm
 
-from sae.system.process import stop_signals_to_main_thread
+from sae.system import status
+from sae.system.process import line_ended, stop_signals_to_main_thread
 
 __all__ = ["PROGRESS_LINE_S", "EpochLines", "ProgressBar", "epoch_line", "epoch_text",
            "epochs_of", "progress_line"]
@@ -220,8 +222,6 @@ class ProgressBar(TQDMProgressBar):
         return closed
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        from sae.system.process import line_ended
-
         if self.close_bars():  # the training bar is kept: its line ends with it
             line_ended()
 
@@ -259,8 +259,6 @@ class EpochLines(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._since is None:
-            from sae.system import status
-
             status.stop()
             self._since = (time.monotonic(), trainer.global_step)
 
@@ -280,8 +278,6 @@ class EpochLines(L.Callback):
         line = epoch_line(trainer)
         bar = trainer.progress_bar_callback
         if isinstance(bar, ProgressBar) and bar.is_enabled:
-            from tqdm import tqdm
-
             tqdm.write(line, file=sys.stdout)
             sys.stdout.flush()
         else:

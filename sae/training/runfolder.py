@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import shlex
@@ -490,8 +491,6 @@ def merge_history(folder: Path) -> Path | None:
 
 
 def _csv_text(columns: list[str], rows: list[dict]) -> str:
-    import io
-
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n",
                             extrasaction="ignore")
