@@ -8,6 +8,7 @@ neither, and neither torch nor Lightning.
 
 from __future__ import annotations
 
+import difflib
 import reprlib
 from dataclasses import Field, dataclass, field, fields
 
@@ -89,8 +90,6 @@ def shown(value, limit: int = 80) -> str:
 def did_you_mean(word, candidates) -> str:
     """``"; did you mean X?"`` for the candidate closest to a misspelt ``word`` (``--lamda``:
     ``--lambda``, ``sparsmax``: ``sparsemax``), or "" when none is close."""
-    import difflib
-
     if not isinstance(word, str) or len(word) > 200:
         return ""
     # flags are compared without their dashes: --foo is not close to --rho
