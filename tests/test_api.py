@@ -190,6 +190,14 @@ def test_export_refuses_a_pair_it_cannot_write_and_overwrites_nothing(tmp_path):
     assert [p.name for p in (tmp_path / "c").iterdir()] == ["notes.txt"]
 
 
+def test_sae_export_is_the_function_after_the_command_module_is_imported(tmp_path):
+    import sae.export  # what `python -m sae.export` imports: Python binds it to sae.export
+
+    assert callable(sae.export)
+    with pytest.raises(sae.ExportError, match="unknown format 'onnx'"):
+        sae.export(small("l1"), tmp_path / "b", format="onnx")
+
+
 @pytest.mark.slow
 def test_the_export_command_as_a_user_calls_it(tmp_path, trained, data_dir):
     env = cli_env(tmp_path, data_dir)
