@@ -33,6 +33,7 @@ __all__ = ["GPU_SHARE", "RayPool", "check_ray", "train_task"]
 GPU_SHARE = 0.25  # a run on a GPU asks for a quarter of one: four runs share it
 # how long a cancelled run has to stop after SIGINT, then after SIGTERM, before it is killed
 STOP_WAITS = ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0))
+BUSY_WAIT = 60.0  # seconds a retried task waits for the training of its first try to stop
 
 
 def check_ray() -> None:
@@ -46,7 +47,10 @@ def train_task(run: Run, folder: str, log: str, threads: int) -> tuple[int, floa
     with ``threads`` CPU threads, its output appended to ``log``. Returns (exit code,
     seconds). Cancelled (KeyboardInterrupt), it stops the training as Ctrl-C would and waits."""
     folder_path = Path(folder)
-    state = run_state(folder_path)
+    state, waited = run_state(folder_path), 0.0
+    while state == "busy" and waited < BUSY_WAIT:  # a retry: the first try's training is still
+        time.sleep(1.0)                            # stopping (it holds the folder's lock)
+        state, waited = run_state(folder_path), waited + 1.0
     if state == "done":  # a retried task whose first try finished the run
         return 0, 0.0
     command = train_command(run, folder_path, state)
