@@ -8,7 +8,9 @@ its slot was busy; then the sweep's ratio
 
     slot-seconds / training-seconds = jobs × sweep wall time / Σ runs' training seconds
 
-(1.0 would be a sweep that does nothing but train). ``--engine processes`` times the way of
+(1.0 would be a sweep that does nothing but train). ``--epochs 20`` makes it a fixed fraction of
+a converged preset (ten of its runs at its length), the measure to compare engines on.
+``--engine processes`` times the way of
 earlier versions (every run its own ``python -m sae.run`` process), ``--engine ray`` the runs as
 tasks of a local Ray instance (its start included); ``--pages`` keeps the
 per-run figures, feature browser and report on, as sweeps wrote them before; ``--cold`` gives
