@@ -18,7 +18,11 @@ the sweep an empty data cache folder (``SAE_CACHE_DIR``), as on a machine that h
 computed the training split's principal components and raw-pixel probes.
 
     SAE_DATA_DIR=../shared/datasets python benchmarks/bench_sweep.py [--jobs 2] [--epochs 1]
-        [--engine workers|processes|ray] [--pages] [--cold] [--keep DIR]
+        [--engine workers|processes|ray ...] [--pages] [--cold] [--keep DIR]
+
+Several engines are timed one after the other, each in its own fresh folder, and the script
+ends with each one's wall time against the first's (``--epochs 20 --engine workers ray``: Ray
+against the local engine).
 """
 
 from __future__ import annotations
@@ -57,17 +61,11 @@ def _seconds(log: Path, pattern: str) -> float:
     return float(found[-1]) if found else float("nan")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--engine", choices=("workers", "processes", "ray"), default="workers")
-    p.add_argument("--pages", action="store_true", help="per-run figures, browser and report")
-    p.add_argument("--cold", action="store_true", help="an empty data cache folder")
-    p.add_argument("--keep", default=None, help="sweep folder to keep (default: a temp folder)")
-    args = p.parse_args()
-
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+def time_sweep(engine: str, args: argparse.Namespace) -> float | None:
+    """Run the benchmark sweep on ``engine`` in a fresh folder and print where its time went;
+    its wall time in seconds (None when the sweep failed)."""
+    keep = Path(args.keep) / engine if args.keep else None
+    root = keep or Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
@@ -79,11 +77,11 @@ def main() -> int:
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "sae.compare", str(root / "bench.yaml"),
                              "--out", str(root / "sweep"), "--jobs", str(args.jobs),
-                             "--engine", args.engine], capture_output=True, text=True, env=env)
+                             "--engine", engine], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if result.returncode != 0:
         print(result.stdout[-2000:], result.stderr[-2000:], sep="\n")
-        return 1
+        return None
     slot_of = {m.group(1): float(m.group(2)) for m in
                re.finditer(r"\] (\S+) trained in ([\d.]+) s", result.stdout)}
     print(f"{'run':<34} {'train s':>8} {'sae.run other s':>16} {'analysis s':>11} "
@@ -97,15 +95,37 @@ def main() -> int:
         analysis = _seconds(log, r"# analysed in ([\d.]+) s")
         total_train, total_slot = total_train + train, total_slot + slot
         print(f"{rel:<34} {train:8.1f} {run_total - train:16.1f} {analysis:11.1f} {slot:8.1f}")
-    print(f"\nengine {args.engine}, pages {'on' if args.pages else 'off'}, "
+    print(f"\nengine {engine}, pages {'on' if args.pages else 'off'}, "
           f"data cache {'empty' if args.cold else 'as it is'}, jobs {args.jobs}, "
           f"{len(slot_of)} runs of {args.epochs} epoch(s): sweep wall {wall:.0f} s, "
           f"training {total_train:.0f} s, runs' slot time {total_slot:.0f} s")
     print(f"slot-seconds / training-seconds = {args.jobs} × {wall:.0f} / {total_train:.0f} = "
           f"{args.jobs * wall / total_train:.2f}  (busy slots only: "
-          f"{total_slot / total_train:.2f})")
-    if not args.keep:
+          f"{total_slot / total_train:.2f})\n")
+    if not keep:
         shutil.rmtree(root, ignore_errors=True)
+    return wall
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--engine", nargs="+", choices=("workers", "processes", "ray"),
+                   default=["workers"], help="one or more, timed one after the other")
+    p.add_argument("--pages", action="store_true", help="per-run figures, browser and report")
+    p.add_argument("--cold", action="store_true", help="an empty data cache folder")
+    p.add_argument("--keep", default=None, help="folder to keep each engine's sweep in "
+                   "(default: temp folders)")
+    args = p.parse_args()
+
+    walls = {engine: time_sweep(engine, args) for engine in args.engine}
+    if None in walls.values():
+        return 1
+    first, *others = args.engine
+    for engine in others:  # each engine's wall time against the first's, as the docs quote it
+        print(f"wall time {engine} / {first} = {walls[engine]:.0f} / {walls[first]:.0f} = "
+              f"{walls[engine] / walls[first]:.2f}")
     return 0
 
 
