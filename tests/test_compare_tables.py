@@ -408,6 +408,8 @@ def test_publishing_a_page_adds_it_to_the_see_also_line_of_the_pages_published_b
         for name in others:
             assert f"[{name} comparison](../{name}/comparison.html)" in md
             assert f'<a href="../{name}/comparison.html">{name} comparison</a>' in html
+        # at the foot of the page, so that on a phone the verdict is not below a list of links
+        assert html.index("<p>See also: ") > html.rindex("<h2")
         # the line is the one a page rendered now would have, and nothing else moved
         render.publish_page(out, sweep, runs, page)
         assert (page / "comparison.md").read_text() == md

@@ -11,9 +11,9 @@ are embedded in full colour: as palette PNGs only where that is lossless (:func:
 at most 256 colours, which roughly halves a flat figure's weight), otherwise as they came (RGB),
 so a colour bar or an image keeps every shade. This module owns that encoding; it knows nothing
 of how figures are drawn. :func:`render_page` owns the skeleton (title, subtitle, introduction,
-a navigation bar and one ``<h2>`` section per :class:`Section`); :func:`table`, :func:`figure`,
-:func:`missing`, :func:`code_block` and :func:`fragment` build the pieces that go into a
-section.
+a navigation bar, one ``<h2>`` section per :class:`Section` and a footer); :func:`table`,
+:func:`figure`, :func:`missing`, :func:`code_block` and :func:`fragment` build the pieces that
+go into a section.
 
 Why jinja2 rather than f-strings: with ``autoescape`` on, every value placed in a page is
 escaped unless it is a :class:`markupsafe.Markup` fragment built here, so text read from run
@@ -127,6 +127,9 @@ _PAGE = ENV.from_string("""\
 <h2 id="{{ s.anchor }}">{{ s.heading }}</h2>
 {{ s.body }}
 {% endfor %}
+{% for text in footer %}
+<p>{{ text }}</p>
+{% endfor %}
 </body>
 </html>
 """)
@@ -158,7 +161,8 @@ class Section:
 
 def render_page(title: str, heading: str, subtitle: str, sections: Sequence[Section],
                 intro: Iterable[str | Markup] = (),
-                notes: Iterable[tuple[str, str | Markup]] = ()) -> str:
+                notes: Iterable[tuple[str, str | Markup]] = (),
+                footer: Iterable[str | Markup] = ()) -> str:
     """The complete HTML text of a page.
 
     Args:
@@ -169,9 +173,12 @@ def render_page(title: str, heading: str, subtitle: str, sections: Sequence[Sect
         intro: paragraphs between the subtitle and the navigation bar.
         notes: (summary, text) pairs after the intro, each folded under its one-line summary
             until opened: reference text (definitions) a reader opens when needed.
+        footer: paragraphs after the last section: links elsewhere (other pages), which
+            would push the page's own content down a phone's screen if they came first.
     """
     return _PAGE.render(title=title, heading=heading, subtitle=subtitle, intro=list(intro),
-                        notes=list(notes), sections=list(sections), css=Markup(PAGE_CSS))
+                        notes=list(notes), sections=list(sections), footer=list(footer),
+                        css=Markup(PAGE_CSS))
 
 
 def fragment(template: str, *args: object, **kwargs: object) -> Markup:

@@ -251,7 +251,7 @@ def see_also_html(pages: Sequence[tuple[str, str]]):
 
 
 _SEE_ALSO_HTML = re.compile(r"<p>See also: .*?</p>\n", re.S)
-_NOTES_HTML = '<details class="note">'  # the folded notes follow the intro's paragraphs
+_END_HTML = "</body>"  # the line is the page's footer (earlier pages had it in the intro)
 _FINISHED_MD = re.compile(r"\d+ of \d+ runs finished\. ")  # the paragraph before the line
 
 
@@ -291,8 +291,8 @@ def relink_page(page_dir: Path, datasets: Sequence[str]) -> list[Path]:
     if text is not None:
         changed = _SEE_ALSO_HTML.sub("", text, count=1)
         line = see_also_html(links)
-        if line is not None and _NOTES_HTML in changed:
-            at = changed.index(_NOTES_HTML)
+        if line is not None and _END_HTML in changed:
+            at = changed.rindex(_END_HTML)
             changed = f"{changed[:at]}<p>{line}</p>\n{changed[at:]}"
         if changed != text:
             written.append(write_text(page, changed))
@@ -433,14 +433,14 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
     description = sweep.description.strip()
     title = f"Comparison: {sweep.path.name}"
     intro = [description] if description else []
-    if links["pages"]:
-        intro.append(see_also_html(links["pages"]))
     if build_note(links):
         intro.append(build_note(links))
+    # the other pages at the foot: on a phone a long list of them first hides the verdict
+    footer = [see_also_html(links["pages"])] if links["pages"] else []
     return pages.render_page(
         title=title, heading=title,
         subtitle=f"{n_done} of {n_runs} runs finished · generated {pages.timestamp()}",
-        intro=intro, notes=[(LEGEND_SUMMARY, legend())], sections=sections)
+        intro=intro, notes=[(LEGEND_SUMMARY, legend())], sections=sections, footer=footer)
 
 
 def prepare_outputs(sweep_dir: Path, finished: list[Run], data: DataCache) -> None:
