@@ -102,7 +102,7 @@ def test_every_number_in_the_results_is_published(name, text):
 def test_pages_published_before_validation_metrics_are_labelled_as_such():
     """A page whose runs recorded no validation metrics (placed by test L0, its designs chosen
     on test metrics) is quoted only under the section that says so."""
-    head, earlier = RESULTS.split("\n## The image pages of the previous default\n", 1)
+    head, earlier = RESULTS.split("\n## The hidden-layer page of the previous default\n", 1)
     earlier, rest = earlier.split("\n## ", 1)
     for folder in quoted_folders(RESULTS):
         if "val_l0" not in pd.read_csv(REPO / folder / "results.csv", nrows=1).columns:
