@@ -78,7 +78,8 @@ def test_headline_tables_are_made_from_the_published_csv(name, text):
 
 def test_the_results_cover_the_published_pages():
     assert {"figures/compare/mnist", "figures/compare/fashion-mnist",
-            "figures/compare/mlp-layer", "figures/compare/ground-truth"} <= quoted_folders(RESULTS)
+            "figures/compare/mlp-layer", "figures/compare/ground-truth",
+            "figures/compare/attribution-fashion-mnist"} <= quoted_folders(RESULTS)
 
 
 @pytest.mark.parametrize("name, text", PAGES)
