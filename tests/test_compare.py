@@ -80,8 +80,8 @@ def test_presets_are_valid(preset):
                                  "sparsemax-threshold-", "mlp-layer-40", "mnist-40",
                                  "fashion-mnist-40", "wide-40")):
         expected = {"sparsemax", "batchtopk"}
-    elif preset.stem == "wide-default-seeds":  # the default's dead units over seeds
-        expected = {"sparsemax"}
+    elif preset.stem == "wide-seeds":  # the default and BatchTopK over seeds
+        expected = {"sparsemax", "batchtopk"}
     elif preset.stem.startswith("attribution-"):  # the batch support against shared thresholds
         expected = {"sparsemax", "batchtopk", "jumprelu"}
     assert {e.kind for e in sweep.models} == expected
