@@ -77,9 +77,18 @@ def run(driver, tmp_path_factory, data_dir) -> Path:
 
 
 def open_page(driver, path: Path) -> None:
+    """Open a page and wait until it is parsed whole. Under load chromedriver has returned from
+    a reload of the same page while it was still parsing (88 of 128 unit cards in the DOM), so
+    the page is left for a blank one first and its own readyState is awaited."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get("about:blank")
     driver.get_log("browser")  # drop messages of earlier pages
     driver.get_log("performance")  # and their requests
     driver.get(path.as_uri())
+    WebDriverWait(driver, 60).until(
+        lambda d: d.execute_script("return location.href === arguments[0] && "
+                                   "document.readyState === 'complete'", path.as_uri()))
 
 
 def external_requests(driver) -> list[str]:
