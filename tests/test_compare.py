@@ -69,7 +69,7 @@ def test_presets_are_valid(preset):
     # energy-power and batch-support sweeps its variants alone (the dataset's preset or the
     # threshold sweep holds BatchTopK at those settings); the 40-epoch MLP-layer check its two
     # supports and BatchTopK, the 40-epoch MNIST, Fashion-MNIST and wide checks (and the wide
-    # check's seeds) its default and BatchTopK, the attribution pages the batch support and the
+    # checks' seeds) its default and BatchTopK, the attribution pages the batch support and the
     # shared thresholds without the sparsemax training rule
     expected = set(MODELS) - ({"kl"} if preset.stem.startswith("wide") else set())
     if preset.stem not in ("quick", "ground-truth", "mnist", "fashion-mnist", "mlp-layer"):
@@ -78,9 +78,7 @@ def test_presets_are_valid(preset):
         expected = {"sparsemax"}
     elif preset.stem.startswith(("sparsemax-candidates-", "sparsemax-energy-",
                                  "sparsemax-threshold-", "mlp-layer-40", "mnist-40",
-                                 "fashion-mnist-40", "wide-40")):
-        expected = {"sparsemax", "batchtopk"}
-    elif preset.stem == "wide-seeds":  # the default and BatchTopK over seeds
+                                 "fashion-mnist-40", "wide-40", "wide-seeds")):
         expected = {"sparsemax", "batchtopk"}
     elif preset.stem.startswith("attribution-"):  # the batch support against shared thresholds
         expected = {"sparsemax", "batchtopk", "jumprelu"}
