@@ -343,6 +343,27 @@ def test_resume_on_a_full_disk_is_one_line_and_keeps_the_run(tmp_path, capsys, d
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
 
 
+def test_a_signal_between_the_checks_and_the_claim_is_one_line(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C that lands after the settings are checked and before the run folder is claimed
+    (it once escaped as a KeyboardInterrupt traceback) stops as one line, writing nothing."""
+    from types import SimpleNamespace
+
+    from sae.runner import command
+
+    class Folder:
+        @property
+        def out(self):  # the first thing read after the checks: the signal lands here
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "_checked",
+                        lambda argv, on_stop: (SimpleNamespace(folder=Folder()), None))
+    monkeypatch.setattr(command, "QUICK_EXIT", False)  # set by the stop; restored after
+    code, err = run(["--out", tmp_path / "run"], capsys)
+    assert code == 130
+    assert err.strip() == "interrupted before training started; nothing was written"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"),
                                              (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_while_starting_is_one_line_and_leaves_no_folder(tmp_path, data_dir, sig,

@@ -199,13 +199,14 @@ def _main(argv: list[str]) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if primary else (lambda line: None)
     try:
         config, record = _checked(argv, on_stop=lambda e: _stopped_early(e, say))
+        # inside the try: a signal between the checks and the claim below is one line too
+        out, created, claimed = Path(config.folder.out), False, False
+        resuming = config.folder.resume is not None
     except UsageError as e:
         say(f"error: {e}")
         return EXIT_USAGE
     except (KeyboardInterrupt, Terminated) as e:
         return _stopped_early(e, say)
-    out, created, claimed = Path(config.folder.out), False, False
-    resuming = config.folder.resume is not None
     try:
         with _signals_held():  # the folder is claimed and its settings written whole
             created = _start(config, record, out, primary, argv)
