@@ -18,7 +18,8 @@ import threading
 from contextlib import contextmanager
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_USAGE", "PARENT_ENV",
-           "RUN_DIR_ENV", "STOPS", "STOP_SIGNALS", "Terminated", "end_process", "exit_now",
+           "RUN_DIR_ENV", "RUN_ENV", "SESSION_ENV", "STOPS", "STOP_SIGNALS", "Terminated",
+           "end_process", "exit_now",
            "importing", "interrupted", "interruptible", "is_primary_process", "line_ended",
            "new_line_after_ctrl_c", "raise_terminated", "running_as", "signals_held",
            "stop_code", "stop_signals_to_main_thread", "stop_with_parent", "stop_word"]
@@ -28,6 +29,8 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 RUN_DIR_ENV = "SAE_RUN_DIR"  # the run folder, for the processes a run starts (DDP workers)
+SESSION_ENV = "SAE_SESSION"  # DDP workers log under the session their rank 0 opened
+RUN_ENV = (RUN_DIR_ENV, SESSION_ENV)  # what a run leaves in its process's environment
 PARENT_ENV = "SAE_STOP_WITH_PARENT"  # a sweep's pid: stop (SIGTERM) when that process dies
 
 

@@ -33,7 +33,7 @@ from sae.data.modules import data_module
 from sae.data.streamed import SourceError
 from sae.settings.config import RunConfig
 from sae.system.io import write_json
-from sae.system.process import Terminated, is_primary_process, line_ended
+from sae.system.process import SESSION_ENV, Terminated, is_primary_process, line_ended
 from sae.system.status import task
 from sae.training import guards, runfolder
 from sae.training.callbacks import (
@@ -50,8 +50,6 @@ from sae.training.module import training_module
 from sae.training.progress import EpochLines, ProgressBar
 
 __all__ = ["Terminated", "Trained", "TrainingSetupError", "quiet_lightning", "train"]
-
-SESSION_ENV = "SAE_SESSION"  # DDP workers log under the session their rank 0 opened
 
 
 class TrainingSetupError(Exception):
