@@ -117,6 +117,12 @@ class _ModelShape:
                                    "training (< 1)", low=0, group="training")
     lambda_warmup_shape: str = setting("linear", "shape of the λ warm-up",
                                        choices=("linear", "cosine"), group="training")
+    target_l0: float | None = setting(None, "land on this L0: λ adapts during training, then "
+                                      "is held (models with a λ); topk and batchtopk: k = it",
+                                      low=0, low_open=True, nullable=True, group="training")
+    l0_hold: float = setting(0.1, "--target-l0: the last fraction of training, after the λ "
+                             "warm-up, trained with λ held fixed", low=0, high=0.9,
+                             group="training")
     dead_guard: str = setting("auto", "dead-unit remedy; auto = auxk for topk and batchtopk, "
                               "resample otherwise", choices=("auto",) + DEAD_GUARDS,
                               group="training")
@@ -145,6 +151,12 @@ class SAEConfig(*_BASES):
     (``sae.settings.variants``: a mechanism's module declares its settings class, whose fields
     and methods, such as the Sparsemax-SAE's ``resolved_support``, are this class's).
     """
+
+    def __post_init__(self) -> None:
+        # a fixed budget lands on its target by construction: k is the target
+        if self.target_l0 is not None and self.model in FIXED_BUDGET \
+                and float(self.target_l0).is_integer():
+            self.k = int(self.target_l0)
 
     @classmethod
     def from_dict(cls, values: dict) -> SAEConfig:
@@ -205,6 +217,12 @@ class SAEConfig(*_BASES):
             need(value in ("auto", AUTO_DEFAULTS.get(name), _DEFAULTS.get(name))
                  or self.model in models,
                  f"--{name.replace('_', '-')} {value} applies to --model {' and '.join(models)}")
+        need(self.target_l0 is None or self.model not in NO_BUDGET,
+             f"--target-l0 needs a model with a λ or a k; --model {self.model} has neither")
+        need(self.target_l0 is None or self.model not in FIXED_BUDGET
+             or self.k == self.target_l0,
+             f"--target-l0 sets --k for --model {self.model}: give a whole number, got "
+             f"{self.target_l0!r:.40}")
         need(self.resolved_init() != "data" or self.arch == "linear",
              "--init data needs --arch linear")
         for check in _declared("check"):  # each variant settings class's own checks

@@ -19,6 +19,7 @@ reads it without Lightning, and checkpoints of earlier versions resume unchanged
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import lightning.pytorch as L
@@ -30,12 +31,20 @@ from sae import metrics
 from sae.models import build_model
 from sae.models.base import SparseAutoencoder
 from sae.models.losses import column_norms, fvu_term
-from sae.models.schedules import lambda_at, lr_factor, resolve_steps
-from sae.settings.config import SAEConfig
+from sae.models.schedules import (
+    control_window,
+    l0_control,
+    lambda_at,
+    lambda_factor,
+    lr_factor,
+    resolve_steps,
+)
+from sae.settings.config import FIXED_BUDGET, SAEConfig
 
 DIVERGED_FVU = 1e3  # a training batch's FVU above this stops training as a NaN does
 PREFIX = "sae."  # the model's place in this module (dropped from checkpoint keys)
-TRAINING_BUFFERS = ("samples_since_fired", "nonfinite_loss")  # this module's own, not the model's
+# this module's own buffers, not the model's (the last two only with --target-l0)
+TRAINING_BUFFERS = ("samples_since_fired", "nonfinite_loss", "lambda_log_scale", "l0_log_ema")
 
 
 class SAETraining(L.LightningModule):
@@ -50,6 +59,11 @@ class SAETraining(L.LightningModule):
                              torch.zeros(sae.config.hidden, dtype=torch.long))
         # set in the step, read by sae.training.guards.NonFiniteLossGuard (a read is a host sync)
         self.register_buffer("nonfinite_loss", torch.zeros((), dtype=torch.bool))
+        if sae.config.target_l0 is not None and sae.config.model not in FIXED_BUDGET:
+            # --target-l0: λ = λ₀·e^lambda_log_scale, adapted each step (sae.models.schedules)
+            self.register_buffer("lambda_log_scale", torch.zeros((), dtype=torch.float64))
+            self.register_buffer("l0_log_ema", torch.full(
+                (), math.log(sae.config.target_l0), dtype=torch.float64))
 
     @property
     def config(self) -> SAEConfig:
@@ -73,11 +87,48 @@ class SAETraining(L.LightningModule):
         compiles when the run asks for it)."""
         return self.sae.forward_pass(x)
 
-    def lambda_now(self) -> float:
-        """λ_t: the penalty weight at this step, warmed up from 0 to λ."""
+    @property
+    def controls_l0(self) -> bool:
+        """Whether λ adapts to land on ``--target-l0`` (a model with a λ given a target)."""
+        return hasattr(self, "lambda_log_scale")
+
+    def lambda_now(self):
+        """λ_t: the penalty weight at this step, warmed up from 0 to λ (a float), times the
+        controller's factor with ``--target-l0`` (a 0-d tensor: read without a host sync)."""
         total = self.total_steps()
         warm = resolve_steps(self.config.lambda_warmup, total)
-        return lambda_at(self.global_step, self.config.lam, warm, self.config.lambda_warmup_shape)
+        lam = lambda_at(self.global_step, self.config.lam, warm, self.config.lambda_warmup_shape)
+        if self.controls_l0:
+            return lam * self.lambda_factor()
+        return lam
+
+    def lambda_factor(self) -> Tensor:
+        """The controller's factor on λ (``sae.models.schedules.lambda_factor``), float32."""
+        return lambda_factor(self.lambda_log_scale, self.l0_log_ema,
+                             self.config.target_l0).float()
+
+    def lambda_full(self):
+        """λ after its warm-up: ``--lambda``, times the controller's factor."""
+        if self.controls_l0:
+            return self.config.lam * self.lambda_factor()
+        return self.config.lam
+
+    def control_l0(self, h: Tensor) -> None:
+        """One step of the ``--target-l0`` controller on this batch's mean L0, inside the
+        control window (``sae.models.schedules.control_window``); λ is fixed outside it."""
+        total = self.total_steps()
+        warm = resolve_steps(self.config.lambda_warmup, total)
+        start, end = control_window(total, warm, self.config.l0_hold)
+        if not start <= self.global_step < end:
+            return
+        l0 = metrics.active(h, self.sae.fire_threshold).sum(-1).double().mean()
+        if dist.is_available() and dist.is_initialized():  # every rank keeps the same λ
+            dist.all_reduce(l0)
+            l0 = l0 / dist.get_world_size()
+        scale, ema = l0_control(self.lambda_log_scale, self.l0_log_ema, l0,
+                                self.config.target_l0)
+        self.lambda_log_scale.copy_(scale)
+        self.l0_log_ema.copy_(ema)
 
     def total_steps(self) -> int:
         """Optimiser steps this fit will take (1 when not fitting)."""
@@ -102,6 +153,8 @@ class SAETraining(L.LightningModule):
         if aux is not None:
             loss = loss + aux
         with torch.no_grad():
+            if self.controls_l0:
+                self.control_l0(h.detach())
             # a unit fired in this batch iff its largest code is above the threshold (a [H]
             # reduction instead of a [B, H] mask; NaN codes, which stop training, differ)
             fired = h.amax(0) > sae.fire_threshold
@@ -205,12 +258,14 @@ class SAETraining(L.LightningModule):
         freq = v["fires"] / n
         self.val_firing_counts = v["fires"]  # summed over ranks
         # val/loss uses the full λ (not λ_t) so that "best" does not favour warm-up checkpoints
-        val_loss = v["sq_err"] / n / self.sae.data_var + self.config.lam * v["penalty"] / n
+        val_loss = v["sq_err"] / n / self.sae.data_var + self.lambda_full() * v["penalty"] / n
         self.log_dict({"val/loss": val_loss.float(), "val/fvu": fvu.float(),
                        "val/mse": (v["sq_err"] / n / self.config.input_dim).float(),
                        "val/l0": (v["l0"] / n).float(),
                        "val/dead_fraction": (freq == 0).float().mean(),
                        "val/dense_fraction": (freq > 0.5).float().mean()})
+        if self.controls_l0:  # the λ this epoch's model was trained with
+            self.log("val/lambda", torch.as_tensor(self.lambda_full(), dtype=torch.float32))
 
     def configure_optimizers(self):
         opt = torch.optim.Adam(self.sae.param_groups(), lr=self.config.lr)
