@@ -106,7 +106,7 @@ def test_a_run_folder_of_the_tools_own_files_is_overwritten(finished, tmp_path):
     shutil.copytree(finished, run)
     (run / "data.json").write_text("{}")  # a --data run's record
     (run / "analysis.json").write_text("{}")  # a sweep's analysis
-    (run / "figures" / ".epoch_9.png-x1y2.tmp").write_bytes(b"half")  # a killed write
+    (run / "figures" / "decoder_atoms" / ".epoch_9.png-x1y2.tmp").write_bytes(b"half")  # killed
     assert runfolder.foreign_file(run) is None and runfolder.overwritable(run) is None
     runfolder.claim(run, "overwrite")
     runfolder.release(run)

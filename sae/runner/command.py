@@ -364,8 +364,48 @@ def _stopped(config: RunConfig, out: Path, created: bool, primary: bool, say, wh
     return code
 
 
+class _LinesMayGoUnread:
+    """A standard stream whose reader may go away (``python -m sae.run ... | head -n 1``): once
+    a write or flush finds its pipe closed, the stream's descriptor is pointed at /dev/null and
+    what the run says from then on is dropped. The run goes on to the end: what it makes is its
+    folder, and its lines only tell of it, so a closed pipe is neither a run-folder error nor a
+    reason to lose the training done."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+        try:  # what was buffered for the closed pipe goes too
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def as_command() -> None:
-    """Run as ``python -m sae.run``: exit with :func:`main`'s code."""
+    """Run as ``python -m sae.run``: exit with :func:`main`'s code. A closed stdout or stderr
+    drops the lines written to it (:class:`_LinesMayGoUnread`)."""
+    sys.stdout, sys.stderr = _LinesMayGoUnread(sys.stdout), _LinesMayGoUnread(sys.stderr)
     code = main()
     if QUICK_EXIT:
         exit_now(code)

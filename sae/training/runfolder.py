@@ -8,7 +8,12 @@
   replaces only folders that carry it, or that have exactly the shape of a run folder of an
   earlier version (a valid ``config.yaml`` and nothing but run-folder entries); never the
   working directory or one of its parents; and never one holding a file that a run does not
-  write (:func:`foreign_file`: a user's notes beside the run's files), which it names.
+  write (:func:`foreign_file`: a user's notes beside the run's files), which it names. What a
+  run writes is declared by exact name (:data:`RUN_FILES`, :data:`CHECKPOINT_FILES`,
+  ``figures/<kind>/epoch_<E>.png`` of the kinds it draws, ``logs/session_<n>/`` and the files
+  in it, TensorBoard's event files, the temporary files of the tool's own atomic writes), and
+  ``--overwrite`` removes those by name: a user's ``checkpoints/keep-epoch5.ckpt`` or
+  ``.draft.tmp`` is not the tool's.
 - **A start stopped by kill -9** before its first checkpoint leaves a marked folder with no
   checkpoint (:func:`stopped_start`): nothing to resume. The same command is then refused with
   the command that starts it again (``--overwrite``), as is ``--resume``.
@@ -16,9 +21,10 @@
   :func:`claim` refuses one that holds a link anywhere inside it (the folder named by ``--out``
   may itself be one: the user named it), before anything is opened or
   written, and opens ``.lock`` only if it is a regular file (never following a link, never
-  blocking on a FIFO). Under the lock it removes the temporary files a killed write left
-  behind. A folder holding only ``.lock`` and the marker (a start that failed on a full disk)
-  counts as empty: a retry, ``--overwrite`` and a sweep take it.
+  blocking on a FIFO). Under the lock a resume removes the temporary files a killed write left
+  behind (:func:`remove_temporaries`: by their names, so a user's ``.draft.tmp`` stays). A
+  folder holding only ``.lock`` and the marker (a start that failed on a full disk) counts as
+  empty: a retry, ``--overwrite`` and a sweep take it.
 - **Reading.** :class:`RunFolder` is the one reader of a run folder for every command that
   reads one (the report, the feature browser, the figures from a checkpoint, a sweep's analysis,
   the gallery): its settings (``config.yaml`` over the defaults), final metrics, last checkpoint
@@ -36,6 +42,7 @@ import fcntl
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -48,7 +55,7 @@ from sae.system import io as sae_io
 __all__ = ["LEFTOVERS", "MARKER", "RUN_ENTRIES", "RunFolder", "RunFolderError", "check_links",
            "check_resume", "claim",
            "foreign_file", "is_leftover", "merge_history", "new_session", "overwritable", "release",
-           "stopped_start"]
+           "remove_temporaries", "stopped_start"]
 
 MARKER = ".sae-run-folder"
 LOCK = ".lock"
@@ -57,12 +64,27 @@ RUN_ENTRIES = {MARKER, LOCK, "config.yaml", "metrics.csv", "metrics.json", "chec
                "tensorboard", "figures", "report.html", "features.html", "hparams.yaml", "logs",
                "analysis.json", "test_l0.npy"}
 LEFTOVERS = {MARKER, LOCK}  # all that a start which failed at once may leave
-# the files a run writes at its top level (data.json: the record of --data), and the folders
-# whose files it writes (see _written_by_a_run)
+# What a run writes, by name (earlier versions included): --overwrite removes these and nothing
+# else, and refuses a folder that holds anything else (a user's file named like one of them).
+# At the top: its own files (data.json: the record of --data; analysis.json and test_l0.npy: a
+# sweep's analysis; hparams.yaml: an earlier version's log).
 RUN_FILES = {MARKER, LOCK, "config.yaml", "metrics.csv", "metrics.json", "report.html",
              "features.html", "hparams.yaml", "analysis.json", "test_l0.npy", "data.json"}
 RUN_FOLDERS = {"checkpoints", "tensorboard", "figures", "logs"}
-SESSION_FILES = {"metrics.csv", "hparams.yaml", "session.json"}
+CHECKPOINT_FILES = {"best.ckpt", "last.ckpt"}  # the two ModelCheckpoints of a run
+# figures/<kind>/: what the figure callback draws, and the feature browser's code embedding
+FIGURE_KINDS = {"decoder_atoms", "reconstructions", "sparsity_histogram", "activation_frequency",
+                "class_unit_heatmap", "feature_density", "code_embedding"}
+EMBEDDING_FILES = {"test_set.png", "final.png"}  # code_embedding/ (final.png: earlier versions)
+_FIGURE = re.compile(r"epoch_\d+\.png")  # figures/<kind>/epoch_<E>.png
+_SESSION = re.compile(r"session_\d+")  # logs/session_<n>/: one training session's log
+SESSION_FILES = {"metrics.csv", "hparams.yaml", "session.json"}  # CSVLogger's and the tool's
+# tensorboard/: TensorBoard's event files (events.out.tfevents.<time>.<host>.<pid>.<n>)
+_EVENTS = re.compile(r"events\.out\.tfevents\.\d+\..+\.\d+\.\d+")
+# a killed write's temporary file: sae.system.io.atomic_file names it .<name>-<random>.tmp in
+# the target's folder, the random part of mkstemp's letters, digits and underscores
+_TEMPORARY = re.compile(r"\.(.+)-[a-z0-9_]+\.tmp")
+_NOT_ATOMIC = {LOCK, "hparams.yaml"}  # written in place (the lock, Lightning's logs): no temporary
 
 _held: dict[Path, int] = {}  # folder -> open lock file descriptor
 _made_parents: dict[Path, Path] = {}  # folder -> the outermost of the parents claim made for it
@@ -152,27 +174,52 @@ def made_here(folder: Path, entries: set[str] | None = None) -> str | None:
     return None
 
 
-def _written_by_a_run(parts: tuple[str, ...], is_dir: bool) -> bool:
-    """Whether the entry at ``parts`` (relative to a run folder) is one a run writes: its own
-    top-level files, ``checkpoints/*.ckpt``, ``figures/<kind>/*.png``,
-    ``logs/<session>/{metrics.csv, hparams.yaml, session.json}``, TensorBoard's event files and
-    ``hparams.yaml``, and the temporary files of a killed write (``.<name>-<random>.tmp``)."""
-    name, top, depth = parts[-1], parts[0], len(parts)
-    if is_dir:
-        return top in RUN_FOLDERS and (depth == 1 or top == "tensorboard" or
-                                       (depth == 2 and top in ("figures", "logs")))
-    if name.startswith(".") and name.endswith(".tmp") and "-" in name:
+def _run_folder(parts: tuple[str, ...]) -> bool:
+    """Whether the folder at ``parts`` (relative to a run folder) is one a run makes: the run
+    folder, ``checkpoints``, ``tensorboard``, ``figures``, ``logs``, ``figures/<kind>`` of a
+    kind it draws and ``logs/session_<n>``."""
+    if not parts:
         return True
+    top, depth = parts[0], len(parts)
     if depth == 1:
+        return top in RUN_FOLDERS
+    return depth == 2 and ((top == "figures" and parts[1] in FIGURE_KINDS) or
+                           (top == "logs" and _SESSION.fullmatch(parts[1]) is not None))
+
+
+def _run_file(folder: tuple[str, ...], name: str) -> bool:
+    """Whether a run writes the file ``name`` in its folder ``folder`` (a :func:`_run_folder`)."""
+    if not folder:
         return name in RUN_FILES
-    if top == "checkpoints":
-        return depth == 2 and name.endswith(".ckpt")
+    top, depth = folder[0], len(folder)
+    if depth == 1:  # files directly in figures/ or logs/ are not a run's
+        return (top == "checkpoints" and name in CHECKPOINT_FILES) or \
+            (top == "tensorboard" and (name == "hparams.yaml" or
+                                       _EVENTS.fullmatch(name) is not None))
     if top == "figures":
-        return depth == 3 and name.endswith(".png")
-    if top == "logs":
-        return depth == 3 and name in SESSION_FILES
-    return top == "tensorboard" and (name.startswith("events.out.tfevents.") or
-                                     name == "hparams.yaml")
+        return _FIGURE.fullmatch(name) is not None or \
+            (folder[1] == "code_embedding" and name in EMBEDDING_FILES)
+    return top == "logs" and name in SESSION_FILES
+
+
+def _temporary_of_a_run(folder: tuple[str, ...], name: str) -> bool:
+    """Whether ``name`` in ``folder`` is the temporary file of a killed atomic write of a run's
+    own file there (``.last.ckpt-<random>.tmp``): never of TensorBoard's or Lightning's files,
+    which are written in place."""
+    temporary = _TEMPORARY.fullmatch(name)
+    if temporary is None or temporary[1] in _NOT_ATOMIC or folder[:1] == ("tensorboard",):
+        return False
+    return _run_folder(folder) and _run_file(folder, temporary[1])
+
+
+def _written_by_a_run(parts: tuple[str, ...], is_dir: bool) -> bool:
+    """Whether the entry at ``parts`` (relative to a run folder) is one a run writes, by its
+    exact name: a :func:`_run_folder`, a :func:`_run_file` in one, or the temporary file of a
+    killed write of one (:func:`_temporary_of_a_run`). Anything else is not the tool's."""
+    folder, name = parts[:-1], parts[-1]
+    if is_dir:
+        return _run_folder(parts)
+    return _run_folder(folder) and (_run_file(folder, name) or _temporary_of_a_run(folder, name))
 
 
 def foreign_file(folder: Path) -> Path | None:
@@ -188,6 +235,51 @@ def foreign_file(folder: Path) -> Path | None:
                 return Path(root) / name
         dirs.sort()
     return None
+
+
+def _run_entries(folder: Path, temporaries_only: bool = False) -> list[Path]:
+    """The files (and then the folders) in ``folder``'s tree that a run writes, deepest first;
+    with ``temporaries_only`` the temporary files of its killed writes alone. Links are not
+    followed, and neither are folders a run does not make (what is in them is not the tool's).
+    """
+    found = []
+    for root, dirs, files in os.walk(folder, topdown=False, followlinks=False):
+        rel = Path(root).relative_to(folder).parts
+        if not _run_folder(rel):
+            continue
+        for name in files:
+            is_run_file = not temporaries_only and _run_file(rel, name)
+            if (is_run_file or _temporary_of_a_run(rel, name)) and \
+                    not os.path.islink(os.path.join(root, name)):
+                found.append(Path(root) / name)
+        if not temporaries_only:
+            found += [Path(root) / d for d in dirs if _run_folder((*rel, d))]
+    return found
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files a killed write of a run left in ``folder`` (named as
+    :func:`sae.system.io.atomic_file` names them, after one of the run's own files); call it
+    under the folder's lock. A user's ``.draft.tmp`` stays. Returns those removed."""
+    removed = _run_entries(folder, temporaries_only=True)
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
+
+
+def _remove_run_files(folder: Path, keep_lock: bool = True) -> None:
+    """Remove every file and folder a run wrote in ``folder``, by name (but its ``.lock`` while
+    ``keep_lock``); a folder that holds anything else keeps it, and stays."""
+    for path in _run_entries(folder):
+        if keep_lock and path.parent == folder and path.name == LOCK:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            try:
+                path.rmdir()  # empty by now, unless it holds what a run does not write
+            except OSError:
+                pass
+        else:
+            path.unlink(missing_ok=True)
 
 
 def overwritable(folder: Path) -> str | None:
@@ -251,7 +343,7 @@ def claim(folder: Path, mode: str, again: str | None = None) -> bool:
         if reason:
             raise UsageError(f"refusing to resume into {folder}: {reason}")
         _lock(folder)
-        sae_io.remove_stale_temporaries(folder)
+        remove_temporaries(folder)
         return False
     if folder.is_dir() and not is_leftover(folder):
         if mode != "overwrite":
@@ -265,10 +357,7 @@ def claim(folder: Path, mode: str, again: str | None = None) -> bool:
         if reason:
             raise UsageError(f"refusing to --overwrite {folder}: {reason}")
         _lock(folder)  # not while another process trains in it
-        for entry in folder.iterdir():
-            if entry.name == LOCK:
-                continue
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        _remove_run_files(folder)
         (folder / MARKER).write_text("made by python -m sae.run\n")
         return False
     created = not folder.exists()
@@ -316,10 +405,8 @@ def remove_unfinished(folder: Path, created: bool) -> None:
             except OSError:
                 break
             parent = parent.parent
-    else:
-        for entry in folder.iterdir():
-            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() and \
-                not entry.is_symlink() else entry.unlink()
+    else:  # a folder that was there: what the run wrote in it, by name
+        _remove_run_files(folder, keep_lock=False)
 
 
 # ---------------------------------------------------------------- reading
