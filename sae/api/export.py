@@ -22,13 +22,17 @@ Two formats:
   float rounding. Other mechanisms, the ``mlp`` encoder and JumpReLU's input gain have no SAELens
   architecture: ``ExportError`` says so in one line (``format="sae"`` keeps them).
 
-Nothing is overwritten: the target folder must not exist or be empty.
+Nothing is overwritten: the target folder must not exist or be empty. Both files are written
+atomically with the same mode, that of a new file under the user's umask (0644 under the usual
+022). The ``"sae"`` weights file carries the model's settings in its own metadata, which its
+hash covers, so that ``sae.load`` refuses a ``config.json`` whose settings were edited.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,13 +42,14 @@ from sae.api.load import (
     CONFIG_FILE,
     FORMAT,
     FORMAT_VERSION,
+    SETTINGS_KEY,
     WEIGHTS_FILE,
     LoadError,
     file_sha256,
     load,
 )
-from sae.models import SparseAutoencoder
-from sae.system.io import write_text
+from sae.models import SparseAutoencoder, build_model
+from sae.system.io import write_bytes, write_text
 from sae.system.process import EXIT_FAILED, EXIT_USAGE
 
 FORMATS = ("sae", "saelens")
@@ -72,7 +77,14 @@ def export(run: str | Path | SparseAutoencoder, folder: str | Path, format: str 
 
 
 def _own(model: SparseAutoencoder) -> tuple[dict, dict]:
+    with torch.device("meta"):  # the dtypes sae.load reads: those of the model as built
+        built = build_model(model.config, None, 1.0).state_dict()
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    for name, t in tensors.items():
+        if name in built and t.dtype != built[name].dtype:
+            raise ExportError(f"tensor {name} is {t.dtype}, and sae.load reads "
+                              f"{built[name].dtype}: convert the model back (model.float()) "
+                              "before exporting it")
     return tensors, {"format": FORMAT, "version": FORMAT_VERSION, "settings": model.settings}
 
 
@@ -110,17 +122,28 @@ def _saelens(model: SparseAutoencoder) -> tuple[dict, dict]:
 
 
 def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict, format: str) -> Path:
-    from safetensors.torch import save_file  # only when a folder is written
+    from safetensors.torch import save  # only when a folder is written
 
     weights_name, config_name = ((WEIGHTS_FILE, CONFIG_FILE) if format == "sae"
                                  else ("sae_weights.safetensors", "cfg.json"))
+    # the settings inside the weights file too (its hash covers them): sae.load compares them
+    metadata = ({SETTINGS_KEY: json.dumps(config["settings"], sort_keys=True)}
+                if format == "sae" else None)
     folder.mkdir(parents=True, exist_ok=True)
-    weights = folder / weights_name
-    save_file(tensors, str(weights))
+    weights = write_bytes(folder / weights_name, save(tensors, metadata=metadata))
     if format == "sae":
         config = {**config, "weights_sha256": file_sha256(weights)}
-    write_text(folder / config_name, json.dumps(config, indent=2) + "\n")
+    written = write_text(folder / config_name, json.dumps(config, indent=2) + "\n")
+    mode = 0o666 & ~_umask()  # what the user's umask gives a new file, the same for both
+    for path in (weights, written):
+        path.chmod(mode)
     return folder
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def main(argv: list[str] | None = None) -> int:
