@@ -32,12 +32,25 @@ rows), ``features.npy``, and per split ``<split>_active.npy``, the true supports
 (``numpy.packbits`` along each row: [N, ceil(F / 8)] uint8), named in ``dataset.json`` under
 ``truth`` and each split's ``active``. A run on such data scores its decoder and codes against
 them (:mod:`sae.metrics.truth`). OUT must be new or empty: nothing is overwritten.
+
+Memory does not grow with the number of rows or of features: rows are drawn :data:`CHUNK` at a
+time (the random stream's unit, so a seed gives the same data however it is written), each draw
+over the features made in blocks of rows whose temporaries fit :data:`BUDGET`, and the command
+(:func:`stream`) writes each chunk to its files (rows, and supports as packed bits) before the
+next; the noise's scale, which needs every training row, is summed from the file as numpy sums
+in memory. Every file is a temporary until all are complete, then renamed, ``dataset.json``
+last. Ctrl-C or SIGTERM (even when started in the background, where a shell ignores SIGINT) is
+one line and exit 130 or 143, and a failure to write one line and exit 1: what the command
+wrote is removed, and OUT too if it made it.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -45,8 +58,20 @@ import numpy as np
 
 from sae.data.layer import write_dataset
 from sae.data.matrix import FORMAT
+from sae.system.io import write_json
+from sae.system.process import STOPS, interrupted, raise_terminated, signals_held
 
-__all__ = ["GroundTruthData", "SynthConfig", "generate", "main", "manifest", "write"]
+__all__ = ["BUDGET", "CHUNK", "GroundTruthData", "SynthConfig", "generate", "main", "manifest",
+           "stream", "write"]
+
+CHUNK = 4096  # rows drawn together: the unit of the random stream, kept so a seed's data stays
+BUDGET = 256 * 2**20  # bytes that the temporaries of one block of rows may take
+# bytes of temporaries per (row, feature) of a block: the Gumbel keys, their negation and sort
+# order (8 bytes each), the support mask; then the values and their masked copy (8 bytes each)
+DRAW_BYTES = 40
+ROW_BYTES = 16  # per (row, dimension): a float64 product or noise, and float32 copies
+FILE_LIMIT = 8 * 10**9  # bytes of files one dataset may take
+SUM_PIECE = 2**20  # elements of the training rows read at a time to sum their squares
 
 
 @dataclass(frozen=True)
@@ -73,7 +98,7 @@ class SynthConfig:
               "value_sigma": (0.0, 3.0), "noise": (0.0, 10.0), "seed": (0, 2**32 - 1)}
 
     def check(self) -> None:
-        """ValueError (one line) for a value out of :attr:`BOUNDS` or sizes that do not fit."""
+        """ValueError (one line) for a value out of :attr:`BOUNDS` or files that do not fit."""
         for f in fields(self):
             low, high = self.BOUNDS[f.name]
             value = getattr(self, f.name)
@@ -84,8 +109,16 @@ class SynthConfig:
         if self.mean_l0 > self.features / 4:
             raise ValueError(f"--mean-l0 {self.mean_l0:g} is more than a quarter of the "
                              f"{self.features} features: rows would not be sparse")
-        if (self.train + self.test) * max(self.dim, self.features // 8) > 2**31:
-            raise ValueError("--train, --test and --dim (or --features) ask for more than 8 GB")
+        if self.file_bytes() > FILE_LIMIT:
+            raise ValueError(f"--train, --test, --dim and --features make "
+                             f"{self.file_bytes() / 1e9:.1f} GB of files, more than "
+                             f"{FILE_LIMIT / 1e9:.0f} GB")
+
+    def file_bytes(self) -> int:
+        """The bytes of the dataset's arrays: float32 rows, their supports as packed bits and
+        the float32 dictionary."""
+        return ((self.train + self.test) * (4 * self.dim + (self.features + 7) // 8)
+                + 4 * self.features * self.dim)
 
 
 @dataclass
@@ -115,57 +148,115 @@ def _partners(cfg: SynthConfig, rng: np.random.Generator) -> np.ndarray:
     return partner
 
 
-def _rows(n: int, cfg: SynthConfig, directions: np.ndarray, weights: np.ndarray,
-          partner: np.ndarray, rng: np.random.Generator,
-          chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """n rows (without noise) and their supports, ``chunk`` rows at a time."""
-    paired = partner >= 0
-    # the partners that join add about K · pair_prob · (weight of paired features) features
-    extra = cfg.pair_prob * float(weights[paired].sum())
-    base = max(cfg.mean_l0 / (1.0 + extra) - 1.0, 0.0)  # the Poisson part of K's mean
-    mean_c = math.exp(cfg.complexity_sigma ** 2 / 2)
-    log_w = np.log(weights)
-    xs, actives = [], []
-    for start in range(0, n, chunk):
-        m = min(chunk, n - start)
-        c = rng.lognormal(0.0, cfg.complexity_sigma, m)
-        k = np.minimum(1 + rng.poisson(base * c / mean_c), cfg.features)
-        # k draws without replacement by weight: the k largest of log w + Gumbel noise
-        keys = log_w + rng.gumbel(size=(m, cfg.features))
-        order = np.argsort(-keys, axis=1)
-        active = np.zeros((m, cfg.features), dtype=bool)
-        take = np.arange(cfg.features)[None, :] < k[:, None]
-        active[np.repeat(np.arange(m), take.sum(1)), order[take]] = True
-        joins = active[:, paired] & (rng.random((m, int(paired.sum()))) < cfg.pair_prob)
-        rows, cols = np.nonzero(joins)
-        active[rows, partner[np.flatnonzero(paired)[cols]]] = True
-        values = np.where(active, rng.lognormal(0.0, cfg.value_sigma, (m, cfg.features)), 0.0)
-        xs.append((values @ directions).astype(np.float32))
-        actives.append(active)
-    return np.concatenate(xs), np.concatenate(actives)
+@dataclass(frozen=True)
+class _Dictionary:
+    """What every row is drawn from: the directions, the firing weights and the pairs."""
+
+    directions: np.ndarray  # [F, D] float64, unit rows
+    log_w: np.ndarray  # [F] log firing weights
+    paired: np.ndarray  # [F] bool: the features with a partner
+    partner_of: np.ndarray  # the partner of each paired feature, in order
+    base: float  # the Poisson part of K's mean
+    mean_c: float  # E[c], the mean latent complexity
 
 
-def generate(cfg: SynthConfig) -> GroundTruthData:
-    """Rows whose features are known (see the module docstring); the same ``cfg`` gives the
-    same arrays."""
-    cfg.check()
-    rng = np.random.default_rng(cfg.seed)
+def _dictionary(cfg: SynthConfig, rng: np.random.Generator) -> _Dictionary:
     directions = rng.standard_normal((cfg.features, cfg.dim))
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
     weights, partner = _weights(cfg, rng), _partners(cfg, rng)
-    train_x, train_active = _rows(cfg.train, cfg, directions, weights, partner, rng)
-    test_x, test_active = _rows(cfg.test, cfg, directions, weights, partner, rng)
-    sigma = cfg.noise * math.sqrt(float(np.mean(np.square(train_x, dtype=np.float64))))
-    for x in (train_x, test_x):
-        x += rng.normal(0.0, sigma, x.shape).astype(np.float32) if sigma > 0 else 0
-    return GroundTruthData(directions.astype(np.float32), train_x, test_x, train_active,
+    paired = partner >= 0
+    # the partners that join add about K · pair_prob · (weight of paired features) features
+    extra = cfg.pair_prob * float(weights[paired].sum())
+    return _Dictionary(directions, np.log(weights), paired, partner[np.flatnonzero(paired)],
+                       base=max(cfg.mean_l0 / (1.0 + extra) - 1.0, 0.0),
+                       mean_c=math.exp(cfg.complexity_sigma ** 2 / 2))
+
+
+def _blocks(m: int, cfg: SynthConfig, budget: int) -> list[tuple[int, int]]:
+    """The blocks of m rows whose temporaries fit ``budget`` bytes (at least one row each)."""
+    rows = max(1, min(m, budget // (DRAW_BYTES * cfg.features + ROW_BYTES * cfg.dim)))
+    return [(lo, min(lo + rows, m)) for lo in range(0, m, rows)]
+
+
+def _chunk(m: int, cfg: SynthConfig, d: _Dictionary, rng: np.random.Generator,
+           budget: int = BUDGET) -> tuple[np.ndarray, np.ndarray]:
+    """m rows (at most :data:`CHUNK`, without noise) [m, D] float32 and their supports [m, F]
+    bool. Each draw over the features is made a block of rows at a time (:func:`_blocks`), in
+    the order one draw of all m rows takes from the random stream, so the rows are the same
+    whatever the budget."""
+    f = cfg.features
+    c = rng.lognormal(0.0, cfg.complexity_sigma, m)
+    k = np.minimum(1 + rng.poisson(d.base * c / d.mean_c), f)
+    blocks = _blocks(m, cfg, budget)
+    active = np.zeros((m, f), dtype=bool)
+    for lo, hi in blocks:  # k draws without replacement by weight: the k largest log w + Gumbel
+        order = np.argsort(-(d.log_w + rng.gumbel(size=(hi - lo, f))), axis=1)
+        take = np.arange(f)[None, :] < k[lo:hi, None]
+        active[lo + np.repeat(np.arange(hi - lo), take.sum(1)), order[take]] = True
+        del order, take
+    for lo, hi in blocks:  # the partners that join
+        joins = active[lo:hi, d.paired] & (rng.random((hi - lo, len(d.partner_of)))
+                                           < cfg.pair_prob)
+        rows, cols = np.nonzero(joins)
+        active[lo + rows, d.partner_of[cols]] = True
+    x = np.empty((m, cfg.dim), dtype=np.float32)
+    for lo, hi in blocks:
+        values = np.where(active[lo:hi], rng.lognormal(0.0, cfg.value_sigma, (hi - lo, f)), 0.0)
+        x[lo:hi] = values @ d.directions
+        del values
+    return x, active
+
+
+def _sum_squares(read, lo: int, hi: int) -> float:
+    """Σ x² in float64 over elements [lo, hi) of a float32 array, ``read(lo, hi)`` giving a
+    piece: split into halves as numpy's pairwise summation splits one sum over the whole (at
+    a multiple of 8), down to pieces of at most :data:`SUM_PIECE` that numpy sums itself, so
+    the result is ``np.sum(np.square(x, dtype=np.float64))`` bit for bit, one piece in memory."""
+    n = hi - lo
+    if n <= SUM_PIECE:
+        return np.add.reduce(np.square(read(lo, hi), dtype=np.float64))
+    half = n // 2 - (n // 2) % 8
+    return _sum_squares(read, lo, lo + half) + _sum_squares(read, lo + half, hi)
+
+
+def _noise_scale(cfg: SynthConfig, read, elements: int) -> float:
+    """σ: ``noise`` × the clean training rows' RMS per dimension."""
+    return cfg.noise * math.sqrt(float(_sum_squares(read, 0, elements) / elements))
+
+
+def _noise_blocks(n: int, cfg: SynthConfig, budget: int) -> list[tuple[int, int]]:
+    rows = max(1, min(n, budget // (ROW_BYTES * cfg.dim)))
+    return [(lo, min(lo + rows, n)) for lo in range(0, n, rows)]
+
+
+def _sizes(n: int) -> list[int]:
+    return [min(CHUNK, n - start) for start in range(0, n, CHUNK)]
+
+
+def generate(cfg: SynthConfig, budget: int = BUDGET) -> GroundTruthData:
+    """Rows whose features are known (see the module docstring), in memory; the same ``cfg``
+    gives the same arrays, and the same as :func:`stream` writes."""
+    cfg.check()
+    rng = np.random.default_rng(cfg.seed)
+    d = _dictionary(cfg, rng)
+    splits = []
+    for n in (cfg.train, cfg.test):
+        parts = [_chunk(m, cfg, d, rng, budget) for m in _sizes(n)]
+        splits.append((np.concatenate([x for x, _ in parts]),
+                       np.concatenate([a for _, a in parts])))
+        del parts
+    (train_x, train_active), (test_x, test_active) = splits
+    flat = train_x.reshape(-1)
+    sigma = _noise_scale(cfg, lambda lo, hi: flat[lo:hi], flat.size)
+    if sigma > 0:
+        for x in (train_x, test_x):
+            for lo, hi in _noise_blocks(len(x), cfg, budget):
+                x[lo:hi] += rng.normal(0.0, sigma, (hi - lo, cfg.dim)).astype(np.float32)
+    return GroundTruthData(d.directions.astype(np.float32), train_x, test_x, train_active,
                            test_active)
 
 
-def manifest(cfg: SynthConfig, data: GroundTruthData, command: str) -> dict:
-    """The ``dataset.json`` of generated data: its files, truth, settings and true L0."""
-    true_l0 = {split: float(a.sum(1).mean()) for split, a in
-               (("train", data.train_active), ("test", data.test_active))}
+def _manifest(cfg: SynthConfig, true_l0: dict, command: str) -> dict:
     return {
         "format": FORMAT,
         "name": f"synthetic d{cfg.dim} f{cfg.features} seed {cfg.seed}",
@@ -177,6 +268,12 @@ def manifest(cfg: SynthConfig, data: GroundTruthData, command: str) -> dict:
     }
 
 
+def manifest(cfg: SynthConfig, data: GroundTruthData, command: str) -> dict:
+    """The ``dataset.json`` of generated data: its files, truth, settings and true L0."""
+    return _manifest(cfg, {split: float(a.sum(1).mean()) for split, a in
+                           (("train", data.train_active), ("test", data.test_active))}, command)
+
+
 def write(out: Path, cfg: SynthConfig, data: GroundTruthData, command: str) -> None:
     """Every array as ``<name>.npy`` and ``dataset.json`` last (a folder with it is complete)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -184,6 +281,99 @@ def write(out: Path, cfg: SynthConfig, data: GroundTruthData, command: str) -> N
              "train_active": np.packbits(data.train_active, axis=1),
              "test_active": np.packbits(data.test_active, axis=1)}
     write_dataset(out, parts, manifest(cfg, data, command))
+
+
+class _NpyFile:
+    """An .npy array written a block of rows at a time into a temporary file beside its name
+    (as :func:`sae.system.io.atomic_file` names one), read back and rewritten in place, and
+    renamed to its name by :meth:`commit`; :meth:`discard` removes it."""
+
+    def __init__(self, folder: Path, name: str, shape: tuple[int, int], dtype) -> None:
+        self.path, self.dtype, self.width = folder / name, np.dtype(dtype), shape[1]
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".tmp")
+        self.tmp, self.fh = Path(tmp), os.fdopen(fd, "w+b")
+        np.lib.format.write_array_header_1_0(self.fh, {
+            "descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+            "shape": shape})
+        self.start = self.fh.tell()
+
+    def append(self, rows: np.ndarray) -> None:
+        self.fh.write(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
+
+    def _seek(self, element: int) -> None:
+        self.fh.seek(self.start + element * self.dtype.itemsize)
+
+    def elements(self, lo: int, hi: int) -> np.ndarray:
+        """Elements [lo, hi) of the array in C order."""
+        self._seek(lo)
+        return np.frombuffer(self.fh.read((hi - lo) * self.dtype.itemsize), dtype=self.dtype)
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        return self.elements(lo * self.width, hi * self.width).reshape(hi - lo, -1)
+
+    def put_rows(self, lo: int, rows: np.ndarray) -> None:
+        self._seek(lo * self.width)
+        self.append(rows)
+
+    def commit(self) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        os.chmod(self.tmp, 0o644)
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _draw_split(n: int, cfg: SynthConfig, d: _Dictionary, rng: np.random.Generator,
+                x_file: _NpyFile, active_file: _NpyFile, budget: int) -> np.ndarray:
+    """n rows, without noise, written a chunk at a time; returns each row's true L0."""
+    l0 = []
+    for m in _sizes(n):
+        x, active = _chunk(m, cfg, d, rng, budget)
+        x_file.append(x)
+        active_file.append(np.packbits(active, axis=1))
+        l0.append(active.sum(1))
+        del x, active
+    return np.concatenate(l0)
+
+
+def stream(out: Path, cfg: SynthConfig, command: str, budget: int = BUDGET) -> np.ndarray:
+    """Write the dataset of ``cfg`` into the folder ``out``, the same arrays as
+    :func:`generate` and :func:`write` would, a chunk of rows at a time (memory bounded by
+    ``budget``, whatever the number of rows); returns the test rows' true L0. Every file is a
+    temporary until all are complete; on any exception they are removed."""
+    cfg.check()
+    rng = np.random.default_rng(cfg.seed)
+    d = _dictionary(cfg, rng)
+    packed = (cfg.features + 7) // 8
+    files: list[_NpyFile] = []
+    try:
+        l0 = {}
+        for split, n in (("train", cfg.train), ("test", cfg.test)):
+            files += [_NpyFile(out, f"{split}.npy", (n, cfg.dim), np.float32),
+                      _NpyFile(out, f"{split}_active.npy", (n, packed), np.uint8)]
+            l0[split] = _draw_split(n, cfg, d, rng, files[-2], files[-1], budget)
+        train, test = files[0], files[2]
+        sigma = _noise_scale(cfg, train.elements, cfg.train * cfg.dim)
+        for file, n in ((train, cfg.train), (test, cfg.test)):
+            for lo, hi in _noise_blocks(n, cfg, budget) if sigma > 0 else ():
+                noise = rng.normal(0.0, sigma, (hi - lo, cfg.dim)).astype(np.float32)
+                file.put_rows(lo, file.rows(lo, hi) + noise)
+        files.append(_NpyFile(out, "features.npy", (cfg.features, cfg.dim), np.float32))
+        files[-1].append(d.directions)
+        true_l0 = {split: float(counts.sum()) / len(counts) for split, counts in l0.items()}
+        with signals_held():  # all files or none: a stop now is raised once they are named
+            for file in files:
+                file.commit()
+            write_json(out / "dataset.json", _manifest(cfg, true_l0, command))
+        return l0["test"]
+    except BaseException:
+        for file in files:
+            file.discard()
+        raise
 
 
 def _parser():
@@ -201,32 +391,81 @@ def _parser():
     return parser
 
 
+WRITTEN = ("train.npy", "test.npy", "train_active.npy", "test_active.npy", "features.npy",
+           "dataset.json")  # what the command writes in OUT
+
+
+def _check(argv: list[str]) -> tuple[Path, SynthConfig]:
+    """``--out`` and the settings, checked (UsageError or ValueError: one line)."""
+    from sae.settings.cli import UsageError  # yaml: for the command only
+
+    args = vars(_parser().parse_args(argv))
+    out = args.pop("out")
+    cfg = SynthConfig(**args)
+    cfg.check()
+    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+        raise UsageError(f"--out {out} exists and is not an empty folder; choose a new one "
+                         "(nothing is overwritten)")
+    return out, cfg
+
+
+def _undo(out: Path, made: Path | None) -> None:
+    """Remove what the command wrote in ``out`` (it was empty or new) and, while empty, ``out``
+    and the parents it made (``made``: the outermost)."""
+    for name in WRITTEN:
+        (out / name).unlink(missing_ok=True)
+    folder = out.absolute()
+    while made is not None:
+        try:
+            folder.rmdir()  # only while empty: what someone else put there stays
+        except OSError:
+            return
+        if folder == made:
+            return
+        folder = folder.parent
+
+
+def _outermost_new(out: Path) -> Path | None:
+    """The outermost folder that making ``out`` creates, or None when ``out`` exists."""
+    if out.exists():
+        return None
+    made = out.absolute()
+    while not made.parent.exists() and made.parent != made:
+        made = made.parent
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
     from sae.settings.cli import UsageError  # yaml: for the command only
 
+    # Ctrl-C always interrupts, even when started from a script that ignores SIGINT for its
+    # background jobs; SIGTERM stops it the same way (as every command)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_terminated)
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = vars(_parser().parse_args(argv))
-        out = args.pop("out")
-        cfg = SynthConfig(**args)
-        cfg.check()
-        if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
-            raise UsageError(f"--out {out} exists and is not an empty folder; choose a new one "
-                             "(nothing is overwritten)")
+        out, cfg = _check(argv)
     except (UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except STOPS as e:
+        return interrupted(e)
     print(f"dataset folder: {out}", flush=True)
+    made = None
     try:
-        data = generate(cfg)
-        write(out, cfg, data, "python -m sae.synth " + " ".join(argv))
-    except KeyboardInterrupt:
-        print("interrupted; nothing complete was written (no dataset.json)", file=sys.stderr)
-        return 130
+        with signals_held():  # the folders made are known before a stop can undo them
+            made = _outermost_new(out)
+            out.mkdir(parents=True, exist_ok=True)
+        l0 = stream(out, cfg, "python -m sae.synth " + " ".join(argv))
+    except STOPS as e:
+        if (out / "dataset.json").is_file():  # stopped just as the dataset was complete
+            return interrupted(e, "the dataset was complete and is kept")
+        _undo(out, made)
+        return interrupted(e, "nothing was kept")
     except OSError as e:
-        print(f"error: cannot write {out}: {e}", file=sys.stderr)
+        _undo(out, made)
+        print(f"error: cannot write {out}: {' '.join(str(e).split())[:300]}", file=sys.stderr)
         return 1
-    l0 = data.test_active.sum(1)
     print(f"{cfg.train} train and {cfg.test} test rows of {cfg.dim} numbers from {cfg.features} "
           f"features; true L0 per test row: mean {l0.mean():.2f}, median {np.median(l0):g}, "
           f"range {l0.min()}–{l0.max()}")
