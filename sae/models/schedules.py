@@ -74,26 +74,38 @@ def control_window(total_steps: int, warmup_steps: int, hold: float) -> tuple[in
     return warmup_steps, end
 
 
-def l0_control(log_scale, log_l0_ema, l0, target: float, rate: float = CONTROL_RATE,
+def l0_control(log_scale, log_l0_ema, l0, log_target, rate: float = CONTROL_RATE,
                beta: float = 0.9):
     """One step of the λ controller of ``--target-l0``; tensors in, tensors out (no host sync).
 
     ``log_l0_ema`` ← β·ema + (1 − β)·log L0 (the batch's mean L0, smoothed over ~10 steps), and
-    the integral ``log_scale`` ← log_scale + rate·clip(ema − log target), kept within ±25;
-    λ's factor is :func:`lambda_factor` of the two.
+    the integral ``log_scale`` ← log_scale + rate·clip(ema − log_target), kept within ±25;
+    λ's factor is :func:`lambda_factor` of the two. ``log_target``: the log of the training
+    batches' L0 to reach (the target, corrected by :func:`training_offset`).
     """
     log_l0 = l0.clamp_min(1e-3).log()
     log_l0_ema = beta * log_l0_ema + (1.0 - beta) * log_l0
-    error = (log_l0_ema - math.log(target)).clamp(-MAX_ERROR, MAX_ERROR)
+    error = (log_l0_ema - log_target).clamp(-MAX_ERROR, MAX_ERROR)
     log_scale = (log_scale + rate * error).clamp(-25.0, 25.0)
     return log_scale, log_l0_ema
 
 
-def lambda_factor(log_scale, log_l0_ema, target: float):
+def lambda_factor(log_scale, log_l0_ema, log_target):
     """λ's factor: e^(integral + KP·error), a proportional-integral controller in log space,
     so a step is the same for a target of 4 or 400 units; the proportional term answers at
     once and damps the swings that λ's lag (it moves the L0 only through the weights) gives a
     pure integral. Outside the control window both terms are frozen, so λ is fixed.
     ``log_scale`` and ``log_l0_ema`` are 0-d tensors (the training module's buffers)."""
-    error = (log_l0_ema - math.log(target)).clamp(-MAX_ERROR, MAX_ERROR)
+    error = (log_l0_ema - log_target).clamp(-MAX_ERROR, MAX_ERROR)
     return (log_scale + CONTROL_KP * error).clamp(-25.0, 25.0).exp()
+
+
+def training_offset(offset, log_l0_ema, val_l0):
+    """The log-ratio between the training batches' L0 and the validation L0 of the same model,
+    smoothed over epochs: the target is a validation L0, the controller sees training batches,
+    and the two differ (a model fits its training rows better, and some mechanisms code in
+    training as they do not at inference): 8 to 9 % on MNIST for sparsemax and entmax.
+    ``offset`` ← (offset + (ema − log val_l0)) / 2, kept within ±1; the training batches then
+    aim at target·e^offset."""
+    gap = log_l0_ema - val_l0.clamp_min(1e-3).log()
+    return (0.5 * (offset + gap)).clamp(-1.0, 1.0)

@@ -38,13 +38,15 @@ from sae.models.schedules import (
     lambda_factor,
     lr_factor,
     resolve_steps,
+    training_offset,
 )
 from sae.settings.config import FIXED_BUDGET, SAEConfig
 
 DIVERGED_FVU = 1e3  # a training batch's FVU above this stops training as a NaN does
 PREFIX = "sae."  # the model's place in this module (dropped from checkpoint keys)
-# this module's own buffers, not the model's (the last two only with --target-l0)
-TRAINING_BUFFERS = ("samples_since_fired", "nonfinite_loss", "lambda_log_scale", "l0_log_ema")
+# this module's own buffers, not the model's (the last three only with --target-l0)
+TRAINING_BUFFERS = ("samples_since_fired", "nonfinite_loss", "lambda_log_scale", "l0_log_ema",
+                    "l0_log_offset")
 
 
 class SAETraining(L.LightningModule):
@@ -64,6 +66,8 @@ class SAETraining(L.LightningModule):
             self.register_buffer("lambda_log_scale", torch.zeros((), dtype=torch.float64))
             self.register_buffer("l0_log_ema", torch.full(
                 (), math.log(sae.config.target_l0), dtype=torch.float64))
+            # log(training-batch L0 / validation L0), measured at each validation
+            self.register_buffer("l0_log_offset", torch.zeros((), dtype=torch.float64))
 
     @property
     def config(self) -> SAEConfig:
@@ -104,8 +108,18 @@ class SAETraining(L.LightningModule):
 
     def lambda_factor(self) -> Tensor:
         """The controller's factor on λ (``sae.models.schedules.lambda_factor``), float32."""
-        return lambda_factor(self.lambda_log_scale, self.l0_log_ema,
-                             self.config.target_l0).float()
+        return lambda_factor(self.lambda_log_scale, self.l0_log_ema, self.log_target()).float()
+
+    def log_target(self) -> Tensor:
+        """The log of the training batches' L0 the controller aims at: the target, corrected by
+        the training / validation gap (``sae.models.schedules.training_offset``)."""
+        return math.log(self.config.target_l0) + self.l0_log_offset
+
+    def in_control_window(self) -> bool:
+        total = self.total_steps()
+        warm = resolve_steps(self.config.lambda_warmup, total)
+        start, end = control_window(total, warm, self.config.l0_hold)
+        return start <= self.global_step < end
 
     def lambda_full(self):
         """λ after its warm-up: ``--lambda``, times the controller's factor."""
@@ -116,17 +130,13 @@ class SAETraining(L.LightningModule):
     def control_l0(self, h: Tensor) -> None:
         """One step of the ``--target-l0`` controller on this batch's mean L0, inside the
         control window (``sae.models.schedules.control_window``); λ is fixed outside it."""
-        total = self.total_steps()
-        warm = resolve_steps(self.config.lambda_warmup, total)
-        start, end = control_window(total, warm, self.config.l0_hold)
-        if not start <= self.global_step < end:
+        if not self.in_control_window():
             return
         l0 = metrics.active(h, self.sae.fire_threshold).sum(-1).double().mean()
         if dist.is_available() and dist.is_initialized():  # every rank keeps the same λ
             dist.all_reduce(l0)
             l0 = l0 / dist.get_world_size()
-        scale, ema = l0_control(self.lambda_log_scale, self.l0_log_ema, l0,
-                                self.config.target_l0)
+        scale, ema = l0_control(self.lambda_log_scale, self.l0_log_ema, l0, self.log_target())
         self.lambda_log_scale.copy_(scale)
         self.l0_log_ema.copy_(ema)
 
@@ -266,6 +276,9 @@ class SAETraining(L.LightningModule):
                        "val/dense_fraction": (freq > 0.5).float().mean()})
         if self.controls_l0:  # the λ this epoch's model was trained with
             self.log("val/lambda", torch.as_tensor(self.lambda_full(), dtype=torch.float32))
+            if self.in_control_window() and not self.trainer.sanity_checking:
+                self.l0_log_offset.copy_(training_offset(self.l0_log_offset, self.l0_log_ema,
+                                                         (v["l0"] / n).to(torch.float64)))
 
     def configure_optimizers(self):
         opt = torch.optim.Adam(self.sae.param_groups(), lr=self.config.lr)
