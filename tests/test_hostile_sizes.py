@@ -275,3 +275,37 @@ def test_synth_undoes_a_failed_write_and_keeps_a_users_folder(tmp_path, monkeypa
     assert code == 1 and len(err) == 1 and "No space left" in err[0], err
     assert out.is_dir() and not any(out.iterdir())
 
+
+
+def _synth(out, capsys) -> tuple[int, list[str]]:
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = synth.main(["--out", str(out), "--train", "200", "--test", "10", "--dim", "4",
+                           "--features", "16", "--mean-l0", "2"])
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_synth_runs_again_where_a_killed_run_left_its_files(tmp_path, capsys):
+    """kill -9 leaves temporary files (and outputs renamed before dataset.json): the same
+    command takes the folder; a user's file, or a complete dataset, is refused."""
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / ".train.npy-k1ll3d.tmp").write_bytes(b"half")
+    (out / "features.npy").write_bytes(b"renamed before the kill")
+    code, err = _synth(out, capsys)
+    assert code == 0, err
+    assert not any(p.name.endswith(".tmp") for p in out.iterdir())
+    assert (out / "dataset.json").is_file()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, err = _synth(out, capsys)  # a complete dataset is not a killed run's
+    assert code == 2 and len(err) == 1 and "not an empty folder" in err[0]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / ".train.npy-k1ll3d.tmp").write_bytes(b"half")
+    (mine / "notes.txt").write_text("mine")
+    code, err = _synth(mine, capsys)
+    assert code == 2 and (mine / "notes.txt").read_text() == "mine"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -31,7 +31,9 @@ Written as an activation manifest (:mod:`sae.data.matrix`): ``train.npy`` and ``
 rows), ``features.npy``, and per split ``<split>_active.npy``, the true supports as bits
 (``numpy.packbits`` along each row: [N, ceil(F / 8)] uint8), named in ``dataset.json`` under
 ``truth`` and each split's ``active``. A run on such data scores its decoder and codes against
-them (:mod:`sae.metrics.truth`). OUT must be new or empty: nothing is overwritten.
+them (:mod:`sae.metrics.truth`). OUT must be new or empty: nothing is overwritten (what a
+run killed with SIGKILL left, its temporary files and outputs without ``dataset.json``, counts as
+empty: the same command simply runs again).
 
 Memory does not grow with the number of rows or of features: rows are drawn :data:`CHUNK` at a
 time (the random stream's unit, so a seed gives the same data however it is written), each draw
@@ -403,10 +405,34 @@ def _check(argv: list[str]) -> tuple[Path, SynthConfig]:
     out = args.pop("out")
     cfg = SynthConfig(**args)
     cfg.check()
-    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+    if out.is_symlink() or (out.exists() and (not out.is_dir() or _foreign(out))):
         raise UsageError(f"--out {out} exists and is not an empty folder; choose a new one "
                          "(nothing is overwritten)")
     return out, cfg
+
+
+def _left_by_a_kill(folder: Path, name: str) -> bool:
+    """Whether ``name`` in ``folder`` is what a run killed with SIGKILL leaves: a temporary file
+    of one of its outputs (``.train.npy-<random>.tmp``) or an output renamed before the
+    dataset was complete (``dataset.json``, renamed last, is absent)."""
+    if (folder / "dataset.json").exists() or (folder / name).is_symlink() \
+            or not (folder / name).is_file():
+        return False
+    return name in WRITTEN or any(name.startswith(f".{w}-") and name.endswith(".tmp")
+                                  for w in WRITTEN)
+
+
+def _foreign(out: Path) -> bool:
+    """Whether ``out`` holds anything but what a killed earlier run of the command left."""
+    return any(not _left_by_a_kill(out, entry.name) for entry in out.iterdir())
+
+
+def _remove_killed(out: Path) -> None:
+    """Remove what a killed earlier run left in ``out`` (the same command then simply works)."""
+    if out.is_dir():
+        for entry in list(out.iterdir()):
+            if _left_by_a_kill(out, entry.name):
+                entry.unlink()
 
 
 def _undo(out: Path, made: Path | None) -> None:
@@ -455,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals_held():  # the folders made are known before a stop can undo them
             made = _outermost_new(out)
+            _remove_killed(out)
             out.mkdir(parents=True, exist_ok=True)
         l0 = stream(out, cfg, "python -m sae.synth " + " ".join(argv))
     except STOPS as e:
