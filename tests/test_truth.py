@@ -268,3 +268,38 @@ def test_the_truth_figure_draws_every_model_and_the_energy_baseline():
                for line in tracking.lines)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert {"sparsemax", "batchtopk"} <= set(legend)
+
+
+def test_the_two_mccs_with_fewer_units_than_features():
+    """Two atoms for four features: atom 0 is feature 2 exactly, atom 1 is 0.6·feature 0 +
+    0.8·feature 3. The matching takes (2, 0) at cosine 1 and feature 3 with atom 1 at 0.8; MCC
+    over the features counts the two unmatched as 0, SAELens' MCC averages the two pairs."""
+    features = torch.eye(4)
+    atoms = torch.tensor([[0.0, 0.6], [0, 0], [1, 0], [0, 0.8]])
+    match = metrics.match_features(atoms, features)
+    assert match.unit_of.tolist() == [-1, -1, 0, 1]
+    assert match.mcc == pytest.approx((1 + 0.8) / 4)
+    assert match.mcc_pairs == pytest.approx((1 + 0.8) / 2)
+    wide = metrics.match_features(torch.eye(4)[:, [3, 1, 0, 2]], features)  # H = F: equal
+    assert wide.mcc == pytest.approx(1.0) and wide.mcc_pairs == pytest.approx(1.0)
+
+
+def test_the_partial_rho_holds_energy_fixed():
+    """An L0 that is a function of energy alone scores ρ as energy does and a partial ρ of ~0;
+    one that follows the true L0 beyond energy keeps a partial ρ."""
+    gen = torch.Generator().manual_seed(0)
+    n = 400
+    true_l0 = torch.randint(1, 20, (n,), generator=gen)
+    x = torch.randn(n, 8, generator=gen) * (true_l0[:, None].float().sqrt()
+                                           + torch.rand(n, 1, generator=gen) * 3)
+    truth = torch.arange(20)[None, :] < true_l0[:, None]
+    features, atoms = torch.eye(20, 8), torch.eye(8, 20)
+    energy = (x ** 2).sum(1)
+    ranks = energy.argsort().argsort()  # L0 from 1 to 20 by the input's energy rank
+    by_energy = (torch.arange(20)[None, :] < (ranks[:, None] * 20 // n + 1)).float()
+    follows = truth.float()
+    out_e = metrics.ground_truth(by_energy, truth, atoms, features, x, torch.zeros(8))
+    out_t = metrics.ground_truth(follows, truth, atoms, features, x, torch.zeros(8))
+    assert out_e["gt_l0_spearman"] == pytest.approx(out_e["gt_l0_energy"], abs=0.02)
+    assert abs(out_e["gt_l0_partial"]) < 0.1
+    assert out_t["gt_l0_spearman"] == pytest.approx(1.0) and out_t["gt_l0_partial"] > 0.9

@@ -11,8 +11,13 @@ feature f). Cosines are of the directions (lengths do not matter).
 - ``gt_mcc``: the mean correlation coefficient of the SAE literature and SAELens' synthetic
   benchmarks: features and atoms matched one to one by the Hungarian assignment of the largest
   total |cosine|, then the mean |cosine| over the F features (a feature left without an atom,
-  when H < F, counts 0);
+  when H < F, counts 0: how much of the true dictionary the SAE holds);
+- ``gt_mcc_pairs``: the same assignment's mean |cosine| over its min(F, H) matched pairs, the
+  definition of SAELens' synthetic benchmarks (equal to ``gt_mcc`` when H ≥ F; with fewer units
+  than features it asks how good the atoms are, not how many features they cover);
 - ``gt_l0_spearman``: Spearman correlation over inputs of L0 and true L0;
+  ``gt_l0_partial``: the same with the input's energy held fixed (``partial_spearman``): what
+  the L0 follows of the true L0 beyond what energy alone gives;
   ``gt_l0_error``: mean of |L0 − true L0| / true L0 over inputs with a true feature;
 - ``gt_precision`` / ``gt_recall``: per input, through the same assignment, the share of its
   firing units whose feature is active in it (a unit matched to no feature counts as wrong),
@@ -31,14 +36,14 @@ from dataclasses import dataclass
 import torch
 
 from sae.metrics.basic import active
-from sae.metrics.dynamic import adaptivity, input_energy
+from sae.metrics.dynamic import adaptivity, input_energy, partial_spearman
 
 __all__ = ["GROUND_TRUTH_KEYS", "RECOVERED_COSINE", "FeatureMatch", "ground_truth",
            "match_features"]
 
 RECOVERED_COSINE = 0.9
-GROUND_TRUTH_KEYS = ("gt_recovery", "gt_mcc", "gt_l0_spearman", "gt_l0_error", "gt_precision",
-                     "gt_recall", "gt_l0_energy")
+GROUND_TRUTH_KEYS = ("gt_recovery", "gt_mcc", "gt_mcc_pairs", "gt_l0_spearman", "gt_l0_partial",
+                     "gt_l0_error", "gt_precision", "gt_recall", "gt_l0_energy")
 
 
 @dataclass
@@ -48,7 +53,8 @@ class FeatureMatch:
     cosine: torch.Tensor  # [F, H] float64, cosine of feature f and atom j
     unit_of: torch.Tensor  # [F] long: the atom assigned to feature f, −1 for none
     recovery: float
-    mcc: float
+    mcc: float  # mean over the F features (unmatched: 0)
+    mcc_pairs: float  # mean over the matched pairs (SAELens' definition)
 
 
 def match_features(atoms: torch.Tensor, features: torch.Tensor) -> FeatureMatch:
@@ -74,7 +80,8 @@ def match_features(atoms: torch.Tensor, features: torch.Tensor) -> FeatureMatch:
     return FeatureMatch(cosine=cosine, unit_of=unit_of,
                         recovery=float((cosine.max(dim=1).values > RECOVERED_COSINE)
                                        .double().mean()),
-                        mcc=float(matched.sum() / features.shape[0]))
+                        mcc=float(matched.sum() / features.shape[0]),
+                        mcc_pairs=float(matched.mean()) if len(matched) else float("nan"))
 
 
 def ground_truth(codes: torch.Tensor, true_active: torch.Tensor, atoms: torch.Tensor,
@@ -107,16 +114,19 @@ def ground_truth(codes: torch.Tensor, true_active: torch.Tensor, atoms: torch.Te
     mapped[:, matched] = fires[:, match.unit_of[matched]]
     hits = (mapped & truth).sum(1).double()
     some, present = l0 > 0, true_l0 > 0
+    energy = input_energy(x, mean).cpu().double()
     return {
         "gt_recovery": match.recovery,
         "gt_mcc": match.mcc,
+        "gt_mcc_pairs": match.mcc_pairs,
         "gt_l0_spearman": adaptivity(l0, true_l0),
+        "gt_l0_partial": partial_spearman(l0, true_l0, energy),
         "gt_l0_error": float(((l0 - true_l0).abs()[present] / true_l0[present]).mean())
         if bool(present.any()) else float("nan"),
         "gt_precision": float((hits[some] / l0[some]).mean()) if bool(some.any())
         else float("nan"),
         "gt_recall": float((hits[present] / true_l0[present]).mean()) if bool(present.any())
         else float("nan"),
-        "gt_l0_energy": adaptivity(input_energy(x, mean).cpu(), true_l0),
+        "gt_l0_energy": adaptivity(energy, true_l0),
     }
 

@@ -106,9 +106,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("gt_mcc", "MCC", "mean absolute cosine of true features and decoder atoms matched "
            "one to one (Hungarian assignment of the largest total): 1 when every true feature has "
            "an atom of its own", ".3f", better="higher", group="truth", needs="truth"),
+    Metric("gt_mcc_pairs", "MCC (pairs)", "the same assignment's mean absolute cosine over "
+           "its matched pairs only, SAELens' definition: equal to MCC when there are at least as "
+           "many units as true features; with fewer, the quality of the atoms, not how many "
+           "features they cover", ".3f", better="higher", group="truth", needs="truth"),
     Metric("gt_l0_spearman", "ρ(L0, true L0)", "Spearman correlation over test inputs between "
            "an input's L0 and its true number of active features", ".3f", better="higher",
            group="truth", needs="truth"),
+    Metric("gt_l0_partial", "ρ(L0, true L0 | energy)", "partial Spearman correlation over "
+           "test inputs between an input's L0 and its true L0 with its energy ‖x − x̄‖² held "
+           "fixed: what the L0 follows of the true L0 beyond what an L0 ranked by energy gets "
+           "for free", ".3f", better="higher", group="truth", needs="truth"),
     Metric("gt_l0_energy", "ρ(energy, true L0)", "Spearman correlation over test inputs "
            "between an input's energy ‖x − x̄‖² and its true L0: what an L0 ranked by energy "
            "alone would score on ρ(L0, true L0) (a property of the data)", ".3f",
@@ -158,8 +166,8 @@ METRIC: dict[str, Metric] = {m.name: m for m in METRICS}  # by name
 # table's metrics in the order of its columns (``sae.sweep.display``, ``sae.sweep.matching``).
 # A column without a value in any row (no probes without labels, no ground truth on images) is
 # left out of the table it would be empty in.
-TRUTH = ("gt_recovery", "gt_mcc", "gt_l0_spearman", "val_gt_l0_spearman", "gt_l0_energy",
-         "gt_l0_error", "gt_precision", "gt_recall")
+TRUTH = ("gt_recovery", "gt_mcc", "gt_mcc_pairs", "gt_l0_spearman", "val_gt_l0_spearman",
+         "gt_l0_partial", "gt_l0_energy", "gt_l0_error", "gt_precision", "gt_recall")
 TABLES: dict[str, tuple[str, ...]] = {
     # a page's table of every configuration: mean ± std over seeds
     "summary": ("mse", "fvu", "fvu_at_l0", "val_fvu", "l0_mean", "l0_std", "val_l0",
