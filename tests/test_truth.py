@@ -303,3 +303,60 @@ def test_the_partial_rho_holds_energy_fixed():
     assert out_e["gt_l0_spearman"] == pytest.approx(out_e["gt_l0_energy"], abs=0.02)
     assert abs(out_e["gt_l0_partial"]) < 0.1
     assert out_t["gt_l0_spearman"] == pytest.approx(1.0) and out_t["gt_l0_partial"] > 0.9
+
+
+def _counts(cfg):
+    data = synth.generate(cfg)
+    k = data.train_active.sum(1).astype(float)
+    return data, k
+
+
+WORLD = dict(dim=32, features=128, train=8000, test=100, mean_l0=8.0, seed=1)
+
+
+def test_the_count_axis_gives_its_stated_dispersion():
+    """latent: over-dispersed (variance / mean well above 1); fixed: every row round(mean_l0);
+    independent: each feature on its own, variance / mean below 1 (Poisson-binomial)."""
+    _, latent = _counts(synth.SynthConfig(**WORLD))
+    _, fixed = _counts(synth.SynthConfig(**WORLD, counts="fixed", pair_share=0.0))
+    _, independent = _counts(synth.SynthConfig(**WORLD, counts="independent"))
+    assert latent.var() / latent.mean() > 3
+    assert (fixed == 8).all()
+    assert independent.var() / independent.mean() < 1
+    assert independent.mean() == pytest.approx(8 * 1.1, rel=0.15)  # pairs add ~10 %
+
+
+def test_heavy_tailed_magnitudes_make_energy_a_worse_guide_to_the_count():
+    """With log-normal values of σ 1.5 a row's energy says less about its number of features
+    than with σ 0.5 (the world where a temperature that reads energy has it easy)."""
+    def rho(sigma):
+        data, k = _counts(synth.SynthConfig(**WORLD, value_sigma=sigma))
+        energy = (data.train_x.astype(float) ** 2).sum(1)
+        return metrics.adaptivity(torch.from_numpy(energy), torch.from_numpy(k))
+
+    light, heavy = rho(0.5), rho(1.5)
+    assert light > 0.7 and heavy < light - 0.15
+    data, k = _counts(synth.SynthConfig(**WORLD, value_sigma=1.5, counts="fixed",
+                                        pair_share=0.0, noise=0.0))
+    norms = np.linalg.norm(data.train_x, axis=1)
+    assert np.quantile(norms, 0.99) / np.median(norms) > 5  # the tails, at a fixed count
+
+
+def test_a_child_feature_is_active_only_with_its_parent():
+    cfg = synth.SynthConfig(**WORLD, hierarchy=0.3)
+    data = synth.generate(cfg)
+    parent = synth._dictionary(cfg, np.random.default_rng(cfg.seed)).parent
+    children = np.flatnonzero(parent >= 0)
+    assert len(children) == round(0.3 * 128)
+    active = data.train_active
+    assert active[:, children].any()
+    assert not (active[:, children] & ~active[:, parent[children]]).any()
+
+
+def test_the_axes_are_checked_and_the_default_world_is_unchanged(tmp_path):
+    with pytest.raises(ValueError, match="--counts must be one of"):
+        synth.SynthConfig(counts="poison").check()
+    with pytest.raises(ValueError, match="--pair-share 0"):
+        synth.SynthConfig(counts="fixed").check()
+    manifest = synth.manifest(SMALL, synth.generate(SMALL), "cmd")
+    assert "counts" not in manifest["source"] and "hierarchy" not in manifest["source"]

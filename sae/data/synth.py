@@ -66,6 +66,13 @@ from sae.system.process import STOPS, interrupted, raise_terminated, signals_hel
 __all__ = ["BUDGET", "CHUNK", "GroundTruthData", "SynthConfig", "generate", "main", "manifest",
            "stream", "write"]
 
+# how each row's number of features K is drawn (then K features by their firing weights):
+# latent: K = 1 + Poisson(base · c / E[c]) with c a log-normal latent complexity (σ
+#   --complexity-sigma), over-dispersed (variance / mean ≈ 5.7 at the defaults), so a row's
+#   energy predicts its K; fixed: K = round(--mean-l0) for every row (variance 0); independent:
+#   each feature fires on its own with probability min(1, mean_l0 · w_f), as in SAELens'
+#   synthetic benchmarks (K Poisson-binomial, variance / mean below 1)
+COUNTS = ("latent", "fixed", "independent")
 CHUNK = 4096  # rows drawn together: the unit of the random stream, kept so a seed's data stays
 BUDGET = 256 * 2**20  # bytes that the temporaries of one block of rows may take
 # bytes of temporaries per (row, feature) of a block: the Gumbel keys, their negation and sort
@@ -92,22 +99,37 @@ class SynthConfig:
     value_sigma: float = 0.5  # spread of the log of the active values
     noise: float = 0.05  # noise RMS per dimension, relative to the signal's
     seed: int = 0
+    # how many features a row has (COUNTS): the axis that decides whether energy predicts it
+    counts: str = "latent"
+    hierarchy: float = 0.0  # share of the features that are children: active only with a parent
 
     # (low, high) of each number: the generator's sizes stay within what a laptop holds
     BOUNDS = {"dim": (2, 4096), "features": (2, 16384), "train": (100, 10_000_000),
               "test": (10, 1_000_000), "mean_l0": (1.0, 256.0), "complexity_sigma": (0.0, 3.0),
               "frequency_decay": (0.0, 3.0), "pair_share": (0.0, 1.0), "pair_prob": (0.0, 1.0),
-              "value_sigma": (0.0, 3.0), "noise": (0.0, 10.0), "seed": (0, 2**32 - 1)}
+              "value_sigma": (0.0, 3.0), "noise": (0.0, 10.0), "seed": (0, 2**32 - 1),
+              "hierarchy": (0.0, 0.9)}
+    CHOICES = {"counts": COUNTS}
 
     def check(self) -> None:
         """ValueError (one line) for a value out of :attr:`BOUNDS` or files that do not fit."""
+        for name, choices in self.CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"--{name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r:.40}")
         for f in fields(self):
+            if f.name in self.CHOICES:
+                continue
             low, high = self.BOUNDS[f.name]
             value = getattr(self, f.name)
             if not (isinstance(value, int | float) and math.isfinite(value)
                     and low <= value <= high):
                 raise ValueError(f"--{f.name.replace('_', '-')} must be in [{low}, {high}], "
                                  f"got {value}")
+        if self.counts == "fixed" and (self.pair_share > 0 or self.hierarchy > 0):
+            raise ValueError("--counts fixed gives every row round(--mean-l0) features: it "
+                             "needs --pair-share 0 and --hierarchy 0 (pairs and children add or "
+                             "remove features)")
         if self.mean_l0 > self.features / 4:
             raise ValueError(f"--mean-l0 {self.mean_l0:g} is more than a quarter of the "
                              f"{self.features} features: rows would not be sparse")
@@ -121,6 +143,9 @@ class SynthConfig:
         the float32 dictionary."""
         return ((self.train + self.test) * (4 * self.dim + (self.features + 7) // 8)
                 + 4 * self.features * self.dim)
+
+
+AXES = {"counts": "latent", "hierarchy": 0.0}  # settings added with their defaults
 
 
 @dataclass
@@ -160,6 +185,7 @@ class _Dictionary:
     partner_of: np.ndarray  # the partner of each paired feature, in order
     base: float  # the Poisson part of K's mean
     mean_c: float  # E[c], the mean latent complexity
+    parent: np.ndarray  # [F] the parent of each child feature, −1 for the others
 
 
 def _dictionary(cfg: SynthConfig, rng: np.random.Generator) -> _Dictionary:
@@ -169,9 +195,24 @@ def _dictionary(cfg: SynthConfig, rng: np.random.Generator) -> _Dictionary:
     paired = partner >= 0
     # the partners that join add about K · pair_prob · (weight of paired features) features
     extra = cfg.pair_prob * float(weights[paired].sum())
+    parent = _parents(cfg, rng)
     return _Dictionary(directions, np.log(weights), paired, partner[np.flatnonzero(paired)],
                        base=max(cfg.mean_l0 / (1.0 + extra) - 1.0, 0.0),
-                       mean_c=math.exp(cfg.complexity_sigma ** 2 / 2))
+                       mean_c=math.exp(cfg.complexity_sigma ** 2 / 2), parent=parent)
+
+
+def _parents(cfg: SynthConfig, rng: np.random.Generator) -> np.ndarray:
+    """parent[f]: the feature that must be active for child f to be, or −1. A ``hierarchy``
+    share of the features are children, each of a parent drawn among the others (no draws
+    from the random stream without a hierarchy, so the default data stay as they were)."""
+    parent = np.full(cfg.features, -1, dtype=np.int64)
+    n_children = int(round(cfg.hierarchy * cfg.features))
+    if n_children == 0:
+        return parent
+    order = rng.permutation(cfg.features)
+    children, roots = order[:n_children], order[n_children:]
+    parent[children] = roots[rng.integers(0, len(roots), n_children)]
+    return parent
 
 
 def _blocks(m: int, cfg: SynthConfig, budget: int) -> list[tuple[int, int]]:
@@ -187,20 +228,31 @@ def _chunk(m: int, cfg: SynthConfig, d: _Dictionary, rng: np.random.Generator,
     the order one draw of all m rows takes from the random stream, so the rows are the same
     whatever the budget."""
     f = cfg.features
-    c = rng.lognormal(0.0, cfg.complexity_sigma, m)
-    k = np.minimum(1 + rng.poisson(d.base * c / d.mean_c), f)
     blocks = _blocks(m, cfg, budget)
     active = np.zeros((m, f), dtype=bool)
-    for lo, hi in blocks:  # k draws without replacement by weight: the k largest log w + Gumbel
-        order = np.argsort(-(d.log_w + rng.gumbel(size=(hi - lo, f))), axis=1)
-        take = np.arange(f)[None, :] < k[lo:hi, None]
-        active[lo + np.repeat(np.arange(hi - lo), take.sum(1)), order[take]] = True
-        del order, take
+    if cfg.counts == "independent":  # each feature on its own, at min(1, mean_l0 · w_f)
+        p = np.minimum(1.0, cfg.mean_l0 * np.exp(d.log_w))
+        for lo, hi in blocks:
+            active[lo:hi] = rng.random((hi - lo, f)) < p
+    else:
+        if cfg.counts == "fixed":
+            k = np.full(m, min(max(int(round(cfg.mean_l0)), 1), f))
+        else:
+            c = rng.lognormal(0.0, cfg.complexity_sigma, m)
+            k = np.minimum(1 + rng.poisson(d.base * c / d.mean_c), f)
+        for lo, hi in blocks:  # k draws without replacement by weight: the k largest log w + Gumbel
+            order = np.argsort(-(d.log_w + rng.gumbel(size=(hi - lo, f))), axis=1)
+            take = np.arange(f)[None, :] < k[lo:hi, None]
+            active[lo + np.repeat(np.arange(hi - lo), take.sum(1)), order[take]] = True
+            del order, take
     for lo, hi in blocks:  # the partners that join
         joins = active[lo:hi, d.paired] & (rng.random((hi - lo, len(d.partner_of)))
                                            < cfg.pair_prob)
         rows, cols = np.nonzero(joins)
         active[lo + rows, d.partner_of[cols]] = True
+    children = np.flatnonzero(d.parent >= 0)
+    if len(children):  # a child without its parent is dropped
+        active[:, children] &= active[:, d.parent[children]]
     x = np.empty((m, cfg.dim), dtype=np.float32)
     for lo, hi in blocks:
         values = np.where(active[lo:hi], rng.lognormal(0.0, cfg.value_sigma, (hi - lo, f)), 0.0)
@@ -265,7 +317,10 @@ def _manifest(cfg: SynthConfig, true_l0: dict, command: str) -> dict:
         "train": {"x": "train.npy", "active": "train_active.npy"},
         "test": {"x": "test.npy", "active": "test_active.npy"},
         "truth": {"features": "features.npy"},
-        "source": {"command": command, **asdict(cfg),
+        # the axes appear once set off their defaults: a dataset.json of the default world
+        # stays byte for byte what it was
+        "source": {"command": command, **{k: v for k, v in asdict(cfg).items()
+                                          if k not in AXES or v != AXES[k]},
                    "true_l0_mean": {k: round(v, 4) for k, v in true_l0.items()}},
     }
 
@@ -385,8 +440,13 @@ def _parser():
                            description="Write activation data built from a known dictionary, "
                                        "with each row's true features (OUT/dataset.json).")
     for f in fields(SynthConfig):
+        flag = f"--{f.name.replace('_', '-')}"
+        if f.name in SynthConfig.CHOICES:
+            parser.add_argument(flag, choices=SynthConfig.CHOICES[f.name], default=f.default,
+                                help=f"(default {f.default})")
+            continue
         low, high = SynthConfig.BOUNDS[f.name]
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
+        parser.add_argument(flag, type=type(f.default),
                             default=f.default, help=f"in [{low}, {high}] (default {f.default})")
     parser.add_argument("--out", type=path_arg, required=True,
                         help="new or empty folder for the dataset")
