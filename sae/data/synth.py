@@ -68,7 +68,7 @@ __all__ = ["BUDGET", "CHUNK", "GroundTruthData", "SynthConfig", "generate", "mai
 
 # how each row's number of features K is drawn (then K features by their firing weights):
 # latent: K = 1 + Poisson(base · c / E[c]) with c a log-normal latent complexity (σ
-#   --complexity-sigma), over-dispersed (variance / mean ≈ 5.7 at the defaults), so a row's
+#   --complexity-sigma), over-dispersed (variance / mean 5.9 at the defaults), so a row's
 #   energy predicts its K; fixed: K = round(--mean-l0) for every row (variance 0); independent:
 #   each feature fires on its own with probability min(1, mean_l0 · w_f), as in SAELens'
 #   synthetic benchmarks (K Poisson-binomial, variance / mean below 1)
