@@ -49,7 +49,7 @@ def test_a_variant_s_setting_given_to_another_model_is_refused(name):
     common = ("auto", f.default, AUTO_DEFAULTS.get(name))  # what every model means by auto
     value = next((c for c in choices or () if c not in common), None)
     if value is None:  # a number: one inside its bounds, not its default
-        value = f.default + 1 if isinstance(f.default, int) else f.default / 2
+        value = f.default + 1 if isinstance(f.default, int) else (f.default / 2 or 0.5)
     with pytest.raises(ValueError, match=f"applies to --model {' and '.join(owners)}"):
         SAEConfig(model=other, **{name: value}).validate()
     SAEConfig(model=owners[0], **{name: value})  # its own model takes it (checks apart)

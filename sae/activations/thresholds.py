@@ -42,8 +42,8 @@ from torch import Tensor
 
 from sae.activations import kernels
 
-__all__ = ["batch_topk", "jumprelu", "step_l0", "threshold_code", "topk_relu",
-           "update_running_threshold"]
+__all__ = ["batch_topk", "energy_factor", "jumprelu", "rows_topk_relu", "step_l0",
+           "threshold_code", "topk_relu", "update_running_threshold"]
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
@@ -134,6 +134,24 @@ def topk_relu(a: Tensor, k: int) -> Tensor:
     if k >= a.shape[-1]:
         return F.relu(a)
     return _rows_topk_relu(a, k)[0]
+
+
+def rows_topk_relu(a: Tensor, k: Tensor) -> Tensor:
+    """a [B, H], k [B] integers in [1, H] -> ReLU of row b's k[b] largest entries, zeros
+    elsewhere (a per-input budget; one sort of the largest max(k) entries a row)."""
+    kmax = int(k.max())
+    if kmax >= a.shape[-1] and bool((k >= a.shape[-1]).all()):
+        return F.relu(a)
+    values, index = a.topk(min(kmax, a.shape[-1]), dim=-1)
+    keep = torch.arange(values.shape[-1], device=a.device)[None, :] < k[:, None]
+    return torch.zeros_like(a).scatter(-1, index, F.relu(values) * keep)
+
+
+def energy_factor(x_centred: Tensor, data_var: Tensor, power: float) -> Tensor:
+    """e(x)^γ [B, 1] with e(x) = ‖x − b_dec‖ / √v, the input's norm over the typical one: the
+    energy rule's factor (the Sparsemax-SAE's energy temperature, given to the baselines)."""
+    norm = x_centred.norm(dim=-1, keepdim=True) / data_var.sqrt()
+    return norm.clamp_min(1e-6).pow(power)
 
 
 def batch_topk(a: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -6,7 +6,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sae.activations.thresholds import batch_topk, threshold_code, update_running_threshold
+from sae.activations.thresholds import (
+    batch_topk,
+    energy_factor,
+    threshold_code,
+    update_running_threshold,
+)
 from sae.models.gates import support_gate
 from sae.models.topk import TopKSAE
 
@@ -33,6 +38,10 @@ class BatchTopKSAE(TopKSAE):
     from the kept ones and the pre-activations do not drift as a whole. (Undifferentiated, the
     price pushed every unit near the cut down whatever k kept: MNIST runs at k 16 lost half
     their units within 20 epochs.) k still sets the mean L0.
+
+    ``energy_rule`` γ ≠ 0 (the energy rule): entries are chosen by a_j · e(x)^γ, e(x) =
+    ‖x − b_dec‖ / √v, in training (the batch's k·B largest) and against θ at inference, so an
+    input's threshold is θ · e(x)^−γ; the kept values are a_j, as without it.
     """
 
     THRESHOLD_RATE = 0.01
@@ -49,6 +58,15 @@ class BatchTopKSAE(TopKSAE):
         self.register_buffer("threshold_batches", torch.zeros((), dtype=torch.long))
 
     def code(self, a, x_centred):
+        if self.config.energy_rule != 0:  # choose by a · e^γ, keep a
+            factor = energy_factor(x_centred, self.data_var, self.config.energy_rule)
+            if not self.training:
+                return threshold_code(a * factor, self.threshold) / factor, {}
+            chosen, smallest = batch_topk(a * factor, self.config.k)
+            if torch.is_grad_enabled():
+                update_running_threshold(self.threshold, self.threshold_batches, smallest,
+                                         self.THRESHOLD_RATE)
+            return chosen / factor, {}
         if not self.training:
             return threshold_code(a, self.threshold), {}
         h, smallest = batch_topk(a, self.config.k)

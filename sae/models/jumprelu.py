@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sae.activations import softplus_inverse
-from sae.activations.thresholds import jumprelu, step_l0
+from sae.activations.thresholds import energy_factor, jumprelu, step_l0
 from sae.models.base import SparseAutoencoder
 from sae.settings.config import SAEConfig
 
@@ -33,6 +33,10 @@ class JumpReLUSAE(SparseAutoencoder):
     ``jumprelu_gain: input`` multiplies the code by a learned per-input gain
     r(x) = softplus(w · (x − b_dec) + c), w from 0 and r = 1 at the start (the batch support's
     values carry the same factor): h_j = r(x) · a_j · H(a_j − θ).
+
+    ``energy_rule`` γ ≠ 0 (the energy rule): the thresholds of input x are θ_j · e(x)^−γ,
+    e(x) = ‖x − b_dec‖ / √v: h_j = a_j · H(a_j · e^γ − θ_j), more units for inputs with more
+    energy as the Sparsemax-SAE's energy temperature gives them.
     """
 
     THETA0 = 1.0  # about 1 in 6 random-direction units active at the start
@@ -66,6 +70,13 @@ class JumpReLUSAE(SparseAutoencoder):
     def code(self, a, x_centred):
         theta = self.thresholds()
         eps = self.config.jumprelu_bandwidth * self.unit
+        if self.config.energy_rule != 0:  # a_j · H(a_j e^γ − θ_j): compared scaled, kept as is
+            factor = energy_factor(x_centred, self.data_var, self.config.energy_rule)
+            h = jumprelu(a * factor, theta, eps) / factor
+            fires = step_l0(a * factor, theta, eps)
+            if hasattr(self, "gain_head"):
+                h = h * F.softplus(self.gain_head(x_centred))
+            return h, {"fires": fires}
         h = jumprelu(a, theta, eps)
         if hasattr(self, "gain_head"):
             h = h * F.softplus(self.gain_head(x_centred))

@@ -541,6 +541,8 @@ def model_values(sae: SAEConfig) -> tuple[int, int]:
             + (D + 1 if sae.jumprelu_gain == "input" else 0)
     if sae.model == "batchtopk":  # the running threshold and its batch count
         buffers += 2
+    if sae.model == "topk" and sae.energy_rule != 0:  # the energy rule's running mean, count
+        buffers += 2
     return params, buffers
 
 

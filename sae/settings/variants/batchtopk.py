@@ -25,4 +25,4 @@ def _gated(settings: Mapping[str, object]) -> bool:
 
 
 register(Variant("batchtopk", "sae.models.batchtopk:BatchTopKSAE", budget="fixed",
-                 config=BatchTopKSettings, lambda_when=_gated))
+                 config=BatchTopKSettings, settings=("energy_rule",), lambda_when=_gated))

@@ -25,4 +25,5 @@ class JumpReLUSettings(VariantSettings):
                                         "per pixel", low=0, low_open=True)
 
 
-register(Variant("jumprelu", "sae.models.jumprelu:JumpReLUSAE", config=JumpReLUSettings))
+register(Variant("jumprelu", "sae.models.jumprelu:JumpReLUSAE", config=JumpReLUSettings,
+                 settings=("energy_rule",)))
