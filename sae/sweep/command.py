@@ -82,11 +82,12 @@ the runs a reader opens. A run with
 ``config.yaml``) starts again with ``--overwrite``. So a killed sweep, started again with the same
 command, picks up where it stopped; a resumed run keeps the settings of its own config.yaml. To
 change a finished configuration, use a new ``--out`` (or move its run folders away). Runs no
-longer in the sweep file are left alone and left out of the tables. ``--jobs N`` trains N runs at
-a time, splitting the CPU threads between them (``OMP_NUM_THREADS``), or giving each one GPU
-(``CUDA_VISIBLE_DEVICES``) when GPUs are visible and its accelerator is ``gpu``, ``cuda`` or
-``auto`` (with ``--jobs 1`` a run sees every GPU, for ``devices: 2`` and DDP). Ctrl-C stops the
-sweep: the running trainings get SIGINT and keep their last checkpoint; no new ones start.
+longer in the sweep file are left alone and left out of the tables. ``--jobs N`` (at most the
+machine's cores, or four runs on each GPU the runs use) trains N runs at a time, splitting the
+CPU threads between them (``OMP_NUM_THREADS``), or giving each one GPU (``CUDA_VISIBLE_DEVICES``)
+when GPUs are visible and its accelerator is ``gpu``, ``cuda`` or ``auto`` (with ``--jobs 1`` a
+run sees every GPU, for ``devices: 2`` and DDP). Ctrl-C stops the sweep: the running trainings
+get SIGINT and keep their last checkpoint; no new ones start.
 
 Analysis of a finished run (cached in ``analysis.json`` next to the run's ``metrics.json``) loads
 ``checkpoints/last.ckpt``, encodes the run's own training and test images, and records the linear
@@ -111,11 +112,14 @@ import yaml
 
 from sae.data.rundata import check_sweep_data
 from sae.pages import gallery
-from sae.settings.cli import OneLineParser, UsageError, path_arg
+from sae.settings.cli import OneLineParser, UsageError, path_arg, shown
 from sae.sweep.analysis import DataCache, run_metrics
 from sae.sweep.launch import (
+    MAX_JOBS,
     check_folders,
+    check_jobs,
     lock,
+    machine_cores,
     run_state,
     run_sweep,
     total_threads,
@@ -123,7 +127,7 @@ from sae.sweep.launch import (
     uses_gpu,
     visible_gpus,
 )
-from sae.sweep.raypool import RayPool, check_ray
+from sae.sweep.raypool import RayPool, check_address, check_ray
 from sae.sweep.render import (
     FIGURE_FILES,
     prepare_outputs,
@@ -131,7 +135,7 @@ from sae.sweep.render import (
     relink_page,
     write_outputs,
 )
-from sae.sweep.spec import Run, Sweep, load_sweep, plan
+from sae.sweep.spec import Run, Sweep, check_name, load_sweep, plan
 from sae.system.io import copy_file, find_link, read_text, write_text
 from sae.system.process import (
     EXIT_FAILED,
@@ -155,7 +159,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="sweep file (YAML), e.g. experiments/quick.yaml")
     p.add_argument("--out", type=path_arg, default=None,
                    help="sweep folder (default: sweeps/<file stem>)")
-    p.add_argument("--jobs", default="1", help="runs trained at the same time (default: 1)")
+    p.add_argument("--jobs", default="1",
+                   help="runs trained at the same time, at most this machine's cores (four a "
+                        "GPU for GPU runs; a Ray cluster's CPUs with --address) (default: 1)")
     p.add_argument("--engine", choices=("workers", "processes", "ray"), default="workers",
                    help="workers: single-process runs train in one long-lived process per job "
                         "slot (torch and the data loaded once); processes: every run is its own "
@@ -171,16 +177,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="also copy the tables, plots, comparison.html and sweep.yaml (no run "
                         "folders) to DIR, e.g. figures/compare/mnist")
     args = p.parse_args(argv)
-    if not args.jobs.isdigit() or int(args.jobs) < 1:
-        raise UsageError(f"--jobs must be an integer >= 1, got {args.jobs!r}")
-    args.jobs = int(args.jobs)
+    args.jobs = _jobs(args.jobs)
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address applies to --engine ray")
     if args.engine == "ray":
         check_ray()
+        if args.address is not None:
+            check_address(args.address, connect=False)  # its form; a cluster there: in main
+    if not args.out:  # the sweep folder is named after the file: sweeps/<its stem>
+        try:
+            check_name(Path(args.sweep).stem, f"sweep file {args.sweep}: its name")
+        except UsageError as e:
+            raise UsageError(f"{e}; give --out") from None
     args.out = Path(args.out) if args.out else Path("sweeps") / Path(args.sweep).stem
     args.publish = Path(args.publish) if args.publish else None
     return args
+
+
+def _jobs(text: str) -> int:
+    """``--jobs`` as an integer from 1 to :data:`MAX_JOBS` (the machine's own bound comes once
+    the runs are known: :func:`sae.sweep.launch.check_jobs`); a number of any length is one
+    line, never a conversion's traceback."""
+    if not (text.isascii() and text.isdecimal()) or not text.strip("0"):
+        raise UsageError(f"--jobs must be an integer >= 1, got {shown(text, 40)}")
+    if len(text.lstrip("0")) > len(str(MAX_JOBS)) or int(text) > MAX_JOBS:
+        raise UsageError(f"--jobs {shown(text, 40)} is more than a sweep runs at once "
+                         f"({MAX_JOBS}); this machine has {machine_cores()} cores")
+    return int(text)
 
 
 PUBLISHED = ("sweep.yaml", "results.csv", "comparison.md", "comparison.html", *FIGURE_FILES)
@@ -306,30 +329,38 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load_sweep(args.sweep)
         runs = plan(sweep)
         gpus = visible_gpus() if any(uses_gpu(r) for r in runs) else []
+        check_jobs(args.jobs, gpus, args.engine, args.address)
         check_sweep_dir(args.out)
         check_folders(args.out, runs, args.jobs, gpus)
         check_sweep_data(args.out, runs)  # every data file, and the one each run trained on
         if args.publish is not None:
             check_publish_dir(args.publish)
+        on_ray = args.engine == "ray" and not all_done(args.out, runs)
+        if on_ray and args.address is not None:
+            check_address(args.address)  # a cluster answers there, in seconds
         if args.dry_run:
             dry_run(args.out, runs, say)
             return 0
-        args.out.mkdir(parents=True, exist_ok=True)
-        held = lock(args.out)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
 
     signal.signal(signal.SIGTERM, raise_terminated)  # stop the trainings as Ctrl-C does
+    threads = max(1, total_threads() // args.jobs)
+    try:
+        held, pool = claim(args, threads, on_ray)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except STOPS as e:
+        return interrupted(e)
+    threads = pool.threads if pool is not None else threads  # a cluster's nodes may hold fewer
     with held:
         write_text(args.out / "sweep.yaml", sweep.text)
-        threads = max(1, total_threads() // args.jobs)
         say(f"sweep {sweep.path.name}: {len(runs)} runs → {args.out} "
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
         data = DataCache()  # the splits this process loads, shared by the analysis and tables
         try:
-            pool = RayPool(threads, args.address, cpus=total_threads()) \
-                if args.engine == "ray" and not all_done(args.out, runs) else None
             analyses, failed = run_sweep(
                 args.out, runs, args.jobs, gpus, say, workers=args.engine == "workers",
                 data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data),
@@ -353,6 +384,21 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+def claim(args: argparse.Namespace, threads: int, on_ray: bool):
+    """The sweep folder, made and locked, and the Ray pool when the runs train on Ray (else
+    None): Ray is reached first, so that a cluster that refuses, or a stop while Ray starts,
+    leaves no folder behind. Returns (the lock to hold, the pool)."""
+    pool = RayPool(threads, args.address, cpus=total_threads(), jobs=args.jobs) \
+        if on_ray else None
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        return lock(args.out), pool
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
 
 
 def report_damaged(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> int:

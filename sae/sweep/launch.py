@@ -32,9 +32,13 @@ from sae.system.io import UnsafePathError, open_regular
 from sae.system.process import PARENT_ENV, RUN_DIR_ENV, STOPS
 from sae.training import runfolder
 
-__all__ = ["Progress", "RunPool", "Worker", "check_folders", "gpu_device_nodes", "in_process",
-           "job_env", "lock", "log_path", "run_state", "run_sweep", "total_threads",
-           "train_command", "uses_gpu", "visible_gpus"]
+__all__ = ["MAX_JOBS", "RUNS_PER_GPU", "Progress", "RunPool", "Worker", "check_folders",
+           "check_jobs", "gpu_device_nodes", "in_process", "job_env", "lock", "log_path",
+           "machine_cores", "run_state", "run_sweep", "total_threads", "train_command",
+           "uses_gpu", "visible_gpus"]
+
+RUNS_PER_GPU = 4  # runs that may share one GPU (--jobs 4 on one GPU)
+MAX_JOBS = 4096  # --jobs before anything is known of the machine: no machine has more slots
 
 
 # --------------------------------------------------------------------------- run folders
@@ -159,6 +163,31 @@ def total_threads() -> int:
     except (KeyError, ValueError):
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
+
+
+def machine_cores() -> int:
+    """This machine's cores (``os.cpu_count()``), or those this process may run on where that
+    is known and more."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    return max(1, os.cpu_count() or 1, usable)
+
+
+def check_jobs(jobs: int, gpus: list[str], engine: str = "workers",
+               address: str | None = None) -> None:
+    """Refuse more job slots than the machine can run at once (each slot holds a process and
+    a thread share; a billion of them would exhaust memory before the first run): at most
+    this machine's cores, or :data:`RUNS_PER_GPU` runs on each GPU the runs use (``gpus``),
+    whichever is more. On a Ray cluster (``address``) the cluster's CPUs bound it once
+    connected (:class:`sae.sweep.raypool.RayPool`); until then :data:`MAX_JOBS`."""
+    if engine == "ray" and address:
+        limit, what = MAX_JOBS, "what a sweep allows before the cluster is reached"
+    else:
+        cores = machine_cores()
+        limit, what = max(cores, RUNS_PER_GPU * len(gpus)), f"this machine's {cores} cores"
+        if RUNS_PER_GPU * len(gpus) > cores:
+            what = f"{RUNS_PER_GPU} runs on each of its {len(gpus)} GPUs"
+    if jobs > limit:
+        raise UsageError(f"--jobs {jobs} is more than {what}; use --jobs {limit} or fewer")
 
 
 def job_env(slot: int, threads: int, gpu: str | None) -> dict[str, str]:

@@ -20,8 +20,8 @@ from sae.settings.cli import UsageError, check_mapping, load_yaml, run_config, s
 from sae.settings.config import DATASETS, FIXED_BUDGET, MODELS, PROBE_LOSSES, RunConfig
 from sae.settings.variants import NO_BUDGET
 
-__all__ = ["RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry", "Run",
-           "Sweep", "grid_key", "load_sweep", "plan", "resolve_run"]
+__all__ = ["MAX_RUNS", "RUNNER_KEYS", "RUN_PAGES_OFF", "STRUCTURE_KEYS", "TOP_KEYS", "ModelEntry",
+           "Run", "Sweep", "check_name", "grid_key", "load_sweep", "plan", "resolve_run"]
 
 TOP_KEYS = ("description", "datasets", "seeds", "common", "models", "probe_loss", "targets")
 RUNNER_KEYS = {"out", "resume", "overwrite", "config"}  # the runner sets these
@@ -30,6 +30,23 @@ STRUCTURE_KEYS = {"dataset", "seed", "model"}  # the sweep's structure sets thes
 # they cost more than the training, and a reader opens few of them. ``python -m sae.report RUN``
 # and ``python -m sae.features RUN`` build them later; ``common`` may switch them back on.
 RUN_PAGES_OFF = {"no_figures": True, "no_features": True, "no_report": True}
+# Runs in one sweep: the published presets have under 100; each is checked with sae.run's parser
+# before anything starts (some 3 ms each), so this bounds that check to half a minute.
+MAX_RUNS = 10_000
+
+
+def check_name(name: str, what: str) -> None:
+    """Refuse a name that becomes one folder of a path but is not one plain folder name: empty,
+    ``.`` or ``..`` (the folder itself or its parent), or holding a separator or NUL (a path
+    of several folders, or an absolute one), or longer than file systems allow.
+
+    Raises:
+        UsageError: naming ``what`` (where the name comes from).
+    """
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0") or \
+            len(name.encode("utf-8", "surrogateescape")) > 255:
+        raise UsageError(f"{what} {shown(name)} cannot be a folder name (it must be one plain "
+                         "name: not empty, '.' or '..', no '/')")
 
 
 def grid_key(kind: str) -> str:
@@ -184,7 +201,12 @@ def _top_list(data: dict, key: str, kind: type, path: Path) -> tuple:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file's structure (values are checked by :func:`plan`)."""
     path = Path(path)
-    data = load_yaml(path, "sweep file")
+    try:
+        data = load_yaml(path, "sweep file")
+    except UsageError as e:  # values beyond the loader's bound: far more runs than a sweep holds
+        if "holds more than" in str(e):
+            raise UsageError(f"{e} (a sweep has at most {MAX_RUNS:,} runs)") from None
+        raise
     text = path.read_text(encoding="utf-8")
     if not isinstance(data, dict):
         raise UsageError(f"sweep file {path} must hold a mapping with {', '.join(TOP_KEYS[1:])}")
@@ -227,6 +249,18 @@ def load_sweep(path: str | Path) -> Sweep:
                  entries, probe_loss, targets)
 
 
+def _check_size(sweep: Sweep) -> None:
+    """Refuse a sweep of more than :data:`MAX_RUNS` runs from its counts, before any is built."""
+    on_images = [d for d in sweep.datasets if d in DATASETS]
+    count = 0
+    for entry in sweep.models:
+        data = entry.settings.get("data") or sweep.common.get("data")
+        count += (1 if data else len(on_images)) * len(entry.grid or (None,)) * len(sweep.seeds)
+    if count > MAX_RUNS:
+        raise UsageError(f"{sweep.path}: the sweep has {count:,} runs; a sweep has at most "
+                         f"{MAX_RUNS:,} (split it into several sweep files)")
+
+
 def _data_name(path: str) -> str:
     """The dataset name of runs on a data file: the manifest's name or the file's stem."""
     from sae.data.matrixdata import data_name  # torch and Lightning: only for runs on a data file
@@ -235,9 +269,17 @@ def _data_name(path: str) -> str:
 
 
 def plan(sweep: Sweep) -> list[Run]:
-    """Every combination, checked with sae.run's own parser and model validation."""
+    """Every combination, checked with sae.run's own parser and model validation.
+
+    Raises:
+        UsageError: a value sae.run would refuse, more than :data:`MAX_RUNS` runs (counted
+            before any is checked), a data set name that is not a folder name, or two
+            combinations in one run folder.
+    """
+    _check_size(sweep)
     runs = []
     for dataset in sweep.datasets:
+        check_name(dataset, f"{sweep.path}: the runs' data set name")
         for entry in sweep.models:
             data = entry.settings.get("data") or sweep.common.get("data")
             if (_data_name(data) != dataset) if data else (dataset not in DATASETS):
