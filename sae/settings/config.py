@@ -243,6 +243,10 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "gradient-norm clipping; 0 disables", low=0)
     seed: int = setting(0, "seed of initialisation, data order and the data-init images", low=0,
                         high=2**32 - 1)  # what NumPy's and Lightning's seeding accept
+    until_converged: bool = setting(False, "stop at the end of the first epoch over which "
+                                    "validation FVU and L0 settled (the convergence rule: "
+                                    "moved under 1 and 2 percent; with --target-l0 once λ is "
+                                    "held); --epochs is the cap")
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Lightning callbacks: figures of what the SAE learned, rendered from validation statistics, the
 per-epoch seed that makes a resumed run train as an uninterrupted one (:class:`EpochSeed`), and
-the stop on Ctrl-C or SIGTERM after the step in progress (:class:`StopOnSignal`). What a run
-prints while it trains is :mod:`sae.training.progress`.
+the stop on Ctrl-C or SIGTERM after the step in progress (:class:`StopOnSignal`), and the stop
+of ``--until-converged`` (:class:`StopWhenSettled`). What a run prints while it trains is
+:mod:`sae.training.progress`.
 
 Statistics are gathered on the device during validation from the tensors that
 ``SparseAutoencoder.validation_step`` returns (no host synchronisation in the training step),
@@ -32,7 +33,7 @@ from sae.settings.config import SAEConfig
 from sae.settings.variants import variant
 from sae.system import io as sae_io
 from sae.training.checkpoints import model_from_checkpoint, read_checkpoint
-from sae.training.convergence import read_validation
+from sae.training.convergence import last_epoch_change, read_validation
 from sae.training.runfolder import RunFolder
 
 
@@ -298,6 +299,30 @@ class EpochSeed(L.Callback):
                 and isinstance(batches, int) and batches > 0):
             self._resume = (epoch, rng.clone())
             self.epoch, self.batches = epoch, batches
+
+
+class StopWhenSettled(L.Callback):
+    """``--until-converged``: stop at the end of the first epoch whose validation FVU and L0 moved
+    less than the convergence rule's tolerances (:mod:`sae.training.convergence`, the rule every
+    comparison flags runs by), so every mechanism trains until it has settled, ``--epochs``
+    being the cap. With ``--target-l0`` only epochs trained with λ held count (a λ still moving
+    is not a settled model). A resumed run measures from its own epochs on."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        fvu, l0 = trainer.callback_metrics.get("val/fvu"), trainer.callback_metrics.get("val/l0")
+        if fvu is None or l0 is None:
+            return
+        if getattr(pl_module, "controls_l0", False) and pl_module.in_control_window():
+            self.rows = []  # λ still moves: nothing has settled yet
+            return
+        self.rows.append({"fvu": float(fvu), "l0": float(l0)})
+        if last_epoch_change(self.rows[-2:])["converged"]:
+            trainer.should_stop = True
 
 
 class StopRequested(BaseException):  # noqa: N818 (a request, like KeyboardInterrupt)

@@ -41,6 +41,7 @@ from sae.training.callbacks import (
     FigureCallback,
     StopOnSignal,
     StopRequested,
+    StopWhenSettled,
     log_test_hparams,
 )
 from sae.training.checkpoints import SafeCheckpointIO, check_compatible, read_checkpoint
@@ -250,6 +251,8 @@ def run_callbacks(config: RunConfig, dm, timer) -> list:
         EpochSeed(config.train.seed),  # an epoch's randomness does not depend on a resume
         *guards.training_callbacks(config.sae),  # looked up at each run: one may add its own
     ]
+    if config.train.until_converged:
+        callbacks.append(StopWhenSettled())
     if not config.output.no_figures:
         callbacks.append(FigureCallback(out / "figures", every_n_epochs=config.output.figure_every,
                                         class_names=dm.class_names,
