@@ -18,15 +18,27 @@ resume is exact. Under DDP each process computes only its share of the batches.
 Validation and test rows (a few thousand) are computed once, at the start: validation carved from
 the training inputs with the split seed, test from the ``"test"`` dataset when given, else carved
 as well. The mean row and variance come from an evenly spaced sample of the training inputs
-(:data:`MOMENT_ROWS`). Labels, when the items carry them, feed the probes and the class figures;
-inputs that are images (``[h, w]`` or ``[1, h, w]``) are shown in the feature browser.
+(:data:`MOMENT_ROWS`). Labels, when the items carry them, feed the probes and the class figures
+(labels are classes, below :data:`sae.data.matrix.MAX_CLASSES`, as for ``--data``); inputs that
+are images (``[h, w]`` or ``[1, h, w]``) are shown in the feature browser.
+
+**Every pass through the network takes at most** ``--buffer-rows`` **inputs** (validation, test,
+the moments' and the PCA's samples, rows asked for directly): memory grows with that setting,
+never with the size of a split. Rows must be real and finite: complex outputs, NaN or Inf are
+refused with one line before training.
+
+**Threads end with their run.** The chunk computed ahead runs in a daemon thread of its own,
+which blocks on nothing but its computation (an item-by-item read stops at the next item once
+cancelled); the data module's ``teardown`` (the fit's end) and ``on_exception`` (a stop, a
+non-finite loss) cancel it, and :func:`release_python_source`, where ``sae.train`` ends, closes
+every stream still open: no ``sae-source`` thread outlives a run or delays the end of a process.
 """
 
 from __future__ import annotations
 
 import importlib
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import threading
+import weakref
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -35,26 +47,28 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from sae.data.hooked import (
+    Ahead,
+    LayerReader,
+    SourceError,
+    find_layer,
+    inputs,
+    item_of,
+    one_line,
+)
 from sae.data.images import EpochShuffle, IndexedLoaders
-from sae.data.matrixdata import PCA_ROWS, TrainMoments, streamed_moments
+from sae.data.matrix import MAX_CLASSES
+from sae.data.matrixdata import PCA_ROWS, TrainMoments
 from sae.data.rundata import read_record
+from sae.data.scan import moments, sums
 from sae.metrics import principal_components
 from sae.settings.cli import UsageError
-from sae.system.process import stop_signals_to_main_thread
 
 MOMENT_ROWS = 65536  # training inputs the mean row and variance are computed from, at most
 PYTHON_SOURCE = "python"  # --source of a (model, dataset) handed to sae.train
 _PYTHON_SOURCES: dict[str, tuple] = {}  # what sae.train registered under PYTHON_SOURCE
 _RESOLVED: dict[str, tuple] = {}  # --source -> (model, train, test): a factory runs once
-
-
-class SourceError(ValueError):
-    """A source or hook that cannot be used; the message is one line."""
-
-
-class _Captured(Exception):  # noqa: N818 - control flow, not an error: the layer's output is read
-    def __init__(self, output):
-        self.output = output
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # StreamedRows that may have a chunk computed ahead
 
 
 def register_python_source(source) -> str:
@@ -66,8 +80,18 @@ def register_python_source(source) -> str:
 
 
 def release_python_source() -> None:
+    """The run :func:`sae.train` started is over: the Python source it held is dropped and
+    every stream still open is closed (:func:`close_streams`)."""
     _PYTHON_SOURCES.pop(PYTHON_SOURCE, None)
     _RESOLVED.pop(PYTHON_SOURCE, None)
+    close_streams()
+
+
+def close_streams() -> None:
+    """Close every :class:`StreamedRows` of this process: a chunk computed ahead is cancelled
+    and its thread waited for (at most the one forward pass in flight), so none is left."""
+    for rows in list(_OPEN):
+        rows.close()
 
 
 def resolve(ref: str):
@@ -91,7 +115,9 @@ def resolve(ref: str):
             module = importlib.import_module(module_name)
         except Exception as e:  # noqa: BLE001 - any import failure is the user's module's
             raise SourceError(f"--source {ref}: cannot import {module_name} "
-                              f"({type(e).__name__}: {_line(e)})") from None
+                              f"({type(e).__name__}: {one_line(e)})") from None
+        except SystemExit as e:  # sys.exit() in the module: its code, not the run's end
+            raise SourceError(f"--source {ref}: importing {module_name} {_exited(e)}") from None
         factory = getattr(module, attr, None)
         if not callable(factory):
             raise SourceError(f"--source {ref}: {module_name} has no callable {attr}")
@@ -99,7 +125,9 @@ def resolve(ref: str):
             made = factory()
         except Exception as e:  # noqa: BLE001 - the factory is the user's code
             raise SourceError(f"--source {ref}: {attr}() failed "
-                              f"({type(e).__name__}: {_line(e)})") from None
+                              f"({type(e).__name__}: {one_line(e)})") from None
+        except SystemExit as e:
+            raise SourceError(f"--source {ref}: {attr}() {_exited(e)}") from None
     _RESOLVED[ref] = _unpack(made, ref)
     return _RESOLVED[ref]
 
@@ -124,80 +152,11 @@ def _unpack(made, ref: str):
     return model, train, test
 
 
-def _line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:160]
-
-
-def find_layer(model: nn.Module, hook: str, ref: str) -> nn.Module:
-    """The submodule ``hook`` of ``model``; :class:`SourceError` naming a few that exist."""
-    layers = dict(model.named_modules())
-    if hook not in layers or not hook:
-        names = [n for n in layers if n][:8]
-        raise SourceError(f"--hook {hook}: {ref}'s model has no layer {hook!r} (it has "
-                          f"{', '.join(names)}{', ...' if len(layers) > 9 else ''})")
-    return layers[hook]
-
-
-def _item(item) -> tuple[torch.Tensor, int | None]:
-    if isinstance(item, tuple | list):
-        x = item[0]
-        label = int(item[1]) if len(item) > 1 and _is_label(item[1]) else None
-    else:
-        x, label = item, None
-    return torch.as_tensor(x), label
-
-
-def _is_label(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.numel() == 1 and not value.is_floating_point()
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
-def inputs(dataset, positions) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(inputs stacked [n, ...], labels [n] or None) of the dataset's items at ``positions``:
-    one index operation for a ``TensorDataset``, an item at a time for any other."""
-    positions = np.asarray(positions, dtype=np.int64)
-    if isinstance(dataset, TensorDataset):
-        index = torch.from_numpy(positions)
-        tensors = dataset.tensors
-        labels = tensors[1][index] if len(tensors) > 1 and _is_label(tensors[1][:1]) else None
-        return tensors[0][index], labels
-    items = [_item(dataset[int(i)]) for i in positions]
-    labels = [label for _, label in items]
-    return (torch.stack([x for x, _ in items]),
-            None if any(label is None for label in labels) else torch.tensor(labels))
-
-
-@dataclass
-class LayerReader:
-    """Runs ``model`` on inputs of ``dataset`` and returns ``hook``'s output, one row each."""
-
-    model: nn.Module
-    layer: nn.Module
-    device: torch.device = torch.device("cpu")
-
-    @torch.no_grad()
-    def rows(self, dataset, positions) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(rows [n, D] float32 on CPU, labels [n] or None) of the inputs at ``positions``."""
-        if len(positions) == 0:
-            return torch.zeros(0, 0), None
-        x, labels = inputs(dataset, positions)
-        x = x.to(self.device)
-        self.model.eval()
-
-        def capture(module, inputs, output):
-            raise _Captured(output[0] if isinstance(output, tuple | list) else output)
-
-        handle = self.layer.register_forward_hook(capture)
-        try:
-            self.model(x)
-        except _Captured as c:
-            out = c.output
-        else:
-            raise SourceError("the hooked layer did not run in the model's forward pass")
-        finally:
-            handle.remove()
-        return out.detach().reshape(len(x), -1).float().cpu(), labels
+def _exited(e: SystemExit) -> str:
+    """What ``sys.exit(code)`` in a source's code said: its code, or its message."""
+    if e.code is None or isinstance(e.code, int):
+        return f"exited with code {e.code or 0}"
+    return f"exited ({one_line(e)})"
 
 
 class StreamedRows:
@@ -217,8 +176,9 @@ class StreamedRows:
         self._key, self._order = None, np.zeros(0, dtype=np.int64)  # the chunk's positions
         self._slot = np.full(len(self.index), -1, dtype=np.int64)  # position -> row of block
         self._block = torch.zeros(0, width)
-        self._ahead = None  # (key, future) of the chunk computed in the background
-        self._pool = None
+        self._ahead: Ahead | None = None  # the chunk computed in the background
+        self._closed = False  # after close(): rows computed as asked, none ahead
+        _OPEN.add(self)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -248,8 +208,18 @@ class StreamedRows:
                                                         self.index[positions[~held]])[0]
         return out
 
-    def _compute(self, order: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
-        return order, self.reader.rows(self.dataset, self.index[order])[0]
+    def _compute(self, order: np.ndarray, stop: threading.Event | None = None
+                 ) -> tuple[np.ndarray, torch.Tensor]:
+        return order, self.reader.rows(self.dataset, self.index[order], stop)[0]
+
+    def close(self, wait: bool = True) -> None:
+        """No chunk is computed ahead from now on; the one in flight is cancelled and, with
+        ``wait``, its thread waited for (the data module's teardown, the end of sae.train)."""
+        self._closed = True
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.cancel(wait)
+        _OPEN.discard(self)
 
     def _load_chunk_of(self, position: int) -> None:
         where = self.sampler.chunk_of(position, self.chunk)
@@ -258,20 +228,21 @@ class StreamedRows:
         epoch, start = where
         self._slot[self._order] = -1  # the previous chunk is dropped first
         self._block = torch.zeros(0, self.width)
-        if self._ahead is not None and self._ahead[0] == where:
-            order, block = self._ahead[1].result()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.key == where:
+            order, block = ahead.result()
         else:
+            if ahead is not None:  # not the chunk asked for: one computation at a time
+                ahead.cancel()
             order, block = self._compute(self.sampler.epoch_order(epoch)[start:start +
                                                                           self.chunk])
-        self._ahead = None
         self._slot[order] = np.arange(len(order))
         self._key, self._order, self._block = where, order, block
         following = start + self.chunk
-        if following < len(self.index):  # the next chunk of this epoch, while this one trains
-            self._pool = self._pool or ThreadPoolExecutor(
-                1, thread_name_prefix="sae-source", initializer=stop_signals_to_main_thread)
+        if following < len(self.index) and not self._closed:  # the next chunk, meanwhile
             order = self.sampler.epoch_order(epoch)[following:following + self.chunk].copy()
-            self._ahead = ((epoch, following), self._pool.submit(self._compute, order))
+            self._ahead = Ahead((epoch, following), self._compute, order)
+
 
 class BufferedShuffle(EpochShuffle):
     """:class:`EpochShuffle` that also tells where a position falls in the epoch's order, so the
@@ -334,7 +305,7 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         if self._loaded:
             return
         model, train, test, layer = self.open()
-        self.reader = LayerReader(model, layer, _device_of(model))
+        self.reader = LayerReader(model, layer, _device_of(model), self.buffer_rows, self.hook)
         n = len(train)
         carved = 1 if test is not None else 2
         if not 0 < self.val_size or carved * self.val_size >= n:
@@ -353,12 +324,10 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         if self.limit_test:
             test_idx = test_idx[: self.limit_test]
         self.test_x, test_y = self.reader.rows(test_set, test_idx)
+        self._check_finite((self.val_x, self.test_x), "the validation and test inputs")
         self.has_labels = val_y is not None and test_y is not None
-        if self.has_labels:
-            n_classes = int(max(val_y.max(), test_y.max())) + 1
-            self.class_names = [str(c) for c in range(n_classes)]
-        else:
-            self.class_names = ["all inputs"]
+        self.class_names = _class_names((val_y, test_y), len(self.train_index), self.source) \
+            if self.has_labels else ["all inputs"]
         self.val_y = val_y if self.has_labels else torch.zeros(len(self.val_x), dtype=torch.long)
         self.test_y = test_y if self.has_labels else torch.zeros(len(self.test_x),
                                                                  dtype=torch.long)
@@ -372,6 +341,28 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         # labels of training rows are only used for probes on the training split: read lazily
         self.train_y = _Labels(train, self.train_index, self.has_labels)
         self._loaded = True
+        self._moments()  # here, where a SourceError is the run's one line: NaN or Inf rows
+
+    def _check_finite(self, blocks, what: str) -> None:
+        bad = sum(int((~torch.isfinite(rows)).sum()) for rows in blocks)
+        if bad:
+            raise SourceError(f"--source {self.source} --hook {self.hook}: the layer's outputs "
+                              f"hold NaN or Inf ({bad:,} values in the rows of {what}); an SAE "
+                              "trains on finite rows")
+
+    def teardown(self, stage: str | None = None) -> None:
+        """The fit's end: the chunk computed ahead is dropped and its thread ends."""
+        self.close()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A stop or failure in the fit: the chunk computed ahead is cancelled, not waited for
+        (its daemon thread never delays the end of the process)."""
+        self.close(wait=False)
+
+    def close(self, wait: bool = True) -> None:
+        rows = getattr(self, "train_x", None)
+        if isinstance(rows, StreamedRows):
+            rows.close(wait)
 
     def setup(self, stage: str | None = None) -> None:
         self.load()
@@ -385,9 +376,27 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         return self._sampler
 
     def _moments(self):
+        """(mean row, E‖x − x̄‖²) of the moment sample, summed in float64 a block of rows at a
+        time (memory holds one block); NaN or Inf rows are refused, counted, before any sum."""
         if self._moments_cache is None:
-            self.load()  # a block of rows at a time: memory holds one block
-            self._moments_cache = streamed_moments(self._sample(MOMENT_ROWS), block=4096)
+            self.load()
+            sample, block = self._sample(MOMENT_ROWS), 4096
+            total, squares, bad = 0.0, 0.0, 0
+            for start in range(0, len(sample), block):
+                rows = sample[start:start + block]
+                finite = torch.isfinite(rows)
+                if bad or not finite.all():
+                    bad += int((~finite).sum())
+                    continue
+                s, q = sums(rows.numpy())
+                total, squares = total + s, squares + q
+            if bad:
+                raise SourceError(f"--source {self.source} --hook {self.hook}: the layer's "
+                                  f"outputs hold NaN or Inf ({bad:,} values in the rows of "
+                                  f"{len(sample):,} training inputs); an SAE trains on finite "
+                                  "rows")
+            mean, var = moments(total, squares, len(sample))
+            self._moments_cache = torch.from_numpy(mean).float(), var
         return self._moments_cache
 
     def _sample(self, n: int) -> _Sample:
@@ -415,6 +424,22 @@ class _Sample:
         return self.reader.rows(self.dataset, self.index[i])[0]
 
 
+def _class_names(labels, rows: int, ref: str) -> list[str]:
+    """The class names of labels (each tensor of a split): labels are classes, 0 to
+    :data:`MAX_CLASSES` − 1 and no more of them than training ``rows``, as for ``--data``
+    (ids such as 10⁹ would size every class figure and probe); :class:`SourceError`."""
+    low = min(int(y.min()) for y in labels if len(y))
+    high = max(int(y.max()) for y in labels if len(y))
+    if low < 0 or high >= MAX_CLASSES:
+        raise SourceError(f"--source {ref}: a label of {low if low < 0 else high:,}; labels are "
+                          f"classes, 0 to {MAX_CLASSES - 1:,} (an item's integer second value is "
+                          "its label)")
+    if high + 1 > rows:
+        raise SourceError(f"--source {ref}: {high + 1:,} classes (labels up to {high}) for "
+                          f"{rows:,} training inputs; more classes than inputs cannot be learned")
+    return [str(c) for c in range(high + 1)]
+
+
 class _Labels:
     """Training labels, read from the dataset's items when asked for (0 without labels)."""
 
@@ -431,19 +456,19 @@ class _Labels:
             return torch.zeros(len(positions), dtype=torch.long)
         if isinstance(self.dataset, TensorDataset):
             return inputs(self.dataset, self.index[positions])[1]
-        return torch.tensor([_item(self.dataset[int(self.index[p])])[1] for p in positions])
+        return torch.tensor([item_of(self.dataset[int(self.index[p])])[1] for p in positions])
 
 
 def _images(dataset, index: np.ndarray) -> np.ndarray | None:
     """[n, h, w] of inputs that are images (2-D, or one channel), else None."""
     if len(index) == 0:
         return None
-    first = _item(dataset[int(index[0])])[0]
+    first = item_of(dataset[int(index[0])])[0]
     if first.dim() == 3 and first.shape[0] == 1:
         first = first[0]
     if first.dim() != 2:
         return None
-    return np.stack([_item(dataset[int(i)])[0].reshape(first.shape).float().numpy()
+    return np.stack([item_of(dataset[int(i)])[0].reshape(first.shape).float().numpy()
                      for i in index])
 
 
@@ -474,12 +499,13 @@ def check_source(config, explicit: bool) -> dict:
         layer = find_layer(model, data.hook, data.source)
         if len(train) == 0:
             raise SourceError(f"--source {data.source}: the training dataset is empty")
-        width = LayerReader(model, layer, _device_of(model)).rows(train, [0])[0].shape[1]
+        reader = LayerReader(model, layer, _device_of(model), hook=data.hook)
+        width = reader.rows(train, [0])[0].shape[1]
     except SourceError as e:
         raise UsageError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - the user's model or dataset failed on an input
         raise UsageError(f"--source {data.source} --hook {data.hook}: reading the layer "
-                         f"failed ({type(e).__name__}: {_line(e)})") from None
+                         f"failed ({type(e).__name__}: {one_line(e)})") from None
     record = {"streamed": True, "source": data.source, "hook": data.hook, "inputs": len(train),
               "test_inputs": None if test is None else len(test), "width": int(width)}
     if recorded is not None:

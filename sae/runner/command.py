@@ -345,6 +345,18 @@ def _undo_start(out: Path, created: bool, primary: bool) -> None:
         runfolder.remove_unfinished(out, created)
 
 
+def resume_command(config: RunConfig, out: Path) -> str:
+    """What continues a stopped run: the command, with a streamed run's --source and --hook
+    (a run folder never names code to import); for a (model, dataset) handed to sae.train,
+    which no command can name, that call with resume="last"."""
+    data = config.data
+    if data.source == "python":  # sae.data.streamed.PYTHON_SOURCE (that module imports torch)
+        return (f"sae.train(source=(model, dataset), hook={data.hook!r}, out={str(out)!r}, "
+                "resume='last')")
+    source = ["--source", data.source, "--hook", data.hook] if data.source else []
+    return shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume", *source])
+
+
 def _stopped(config: RunConfig, out: Path, created: bool, primary: bool, say, what: str,
              code: int, report: bool = True) -> int:
     global QUICK_EXIT
@@ -352,7 +364,7 @@ def _stopped(config: RunConfig, out: Path, created: bool, primary: bool, say, wh
         new_line_after_ctrl_c()  # the report's line and the resume command start a line
     has_checkpoint = (out / "checkpoints" / "last.ckpt").is_file()
     if has_checkpoint or config.folder.resume is not None:
-        command = shlex.join([sys.executable, "-m", "sae.run", "--out", str(out), "--resume"])
+        command = resume_command(config, out)
         if primary and not config.output.no_report and has_checkpoint and report:
             _interrupted_report(out, command)
         say(f"{what}; continue with: {command}")
