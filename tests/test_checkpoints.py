@@ -7,10 +7,10 @@ import torch
 
 from sae.training.checkpoints import (
     CheckpointError,
-    check_compatible,
     read_checkpoint,
     write_checkpoint,
 )
+from sae.training.resumable import check_compatible
 
 
 class Poison:

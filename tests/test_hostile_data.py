@@ -17,7 +17,8 @@ import pytest
 
 from sae.data import matrix
 from sae.data.matrix import MatrixError, load_data
-from sae.settings.cli import MAX_CHECKPOINT_ELEMENTS, UsageError, load_yaml, run_config
+from sae.settings.cli import UsageError, load_yaml, run_config
+from sae.settings.sizes import MAX_CHECKPOINT_ELEMENTS
 from sae.system.process import RUN_DIR_ENV
 
 TINY = ["--hidden", "16", "--max-steps", "4", "--batch-size", "32", "--val-size", "50",

@@ -18,14 +18,9 @@ from cli_helpers import assert_one_line_error, cli_env, run_cli
 
 from sae.data import synth
 from sae.models import build_model
-from sae.settings.cli import (
-    MAX_CHECKPOINT_ELEMENTS,
-    UsageError,
-    checkpoint_values,
-    model_values,
-    run_config,
-)
+from sae.settings.cli import UsageError, run_config
 from sae.settings.config import SAEConfig
+from sae.settings.sizes import MAX_CHECKPOINT_ELEMENTS, checkpoint_values, model_values
 from sae.settings.variants import MODELS
 from sae.training.module import SAETraining
 

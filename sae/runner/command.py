@@ -38,13 +38,13 @@ from sae.data.rundata import DataCheck, check_data, check_split, header_record, 
 from sae.settings.cli import (
     UsageError,
     build_parser,
-    check_model,
     run_config,
     unused_flags,
     write_config,
 )
 from sae.settings.config import RunConfig
 from sae.settings.metric_defs import summary_line
+from sae.settings.sizes import check_model
 from sae.system import status
 from sae.system.process import (
     EXIT_FAILED,

@@ -44,11 +44,12 @@ from sae.training.callbacks import (
     StopWhenSettled,
     log_test_hparams,
 )
-from sae.training.checkpoints import SafeCheckpointIO, check_compatible, read_checkpoint
+from sae.training.checkpoints import SafeCheckpointIO, read_checkpoint
 from sae.training.convergence import final_validation, last_epoch_change, read_validation
 from sae.training.evaluate import evaluate
 from sae.training.module import training_module
 from sae.training.progress import EpochLines, ProgressBar
+from sae.training.resumable import check_compatible
 
 __all__ = ["Terminated", "Trained", "TrainingSetupError", "quiet_lightning", "train"]
 
