@@ -27,6 +27,35 @@ Sweep file (YAML)::
                                           # both probes are fitted and tabled)
     targets: [5, 10, 20]                  # the mean L0s models are compared at (optional;
                                           # default 16 and 32, and 64 in the verdict)
+    unequal_budget: "k is the target ..." # why the models' search budgets differ (optional)
+
+Target L0s instead of a grid: ``target_l0: [16, 32]`` in a model's entry gives one run per value
+and seed, each trained with ``sae.run --target-l0`` (λ adapts during training until the
+validation L0 lands near the value, then is held; topk and batchtopk take the value as their k,
+so it must be a whole number); ``target_l0: targets`` means the sweep's own ``targets``. In
+``common`` it applies to every model with a λ or a k; the published Sparsemax-SAE
+(``sparsemax-attention``, neither) keeps its one run at its own L0. A model has either a grid or
+target L0s, never both (one ``error:`` line; a model that inherits ``common``'s targets gives
+``target_l0: null`` to keep its grid); a single ``lambda`` beside them is where λ starts::
+
+    targets: [16, 32]
+    common: {hidden: 512, epochs: 20, target_l0: targets}
+    models:
+      l1: {}                              # runs/<dataset>/l1/target16/, target32/
+      jumprelu: {lambda: 0.03}            # λ starts at 0.03
+      topk: {}                            # k16/, k32/
+      sparsemax-attention: {}             # one run: its L0 is its own
+
+Such runs land near, not at, their target; the comparison at equal L0 takes a run within 5 % of
+a target as it is (:data:`sae.sweep.matching.L0_TOLERANCE`) and interpolates between runs that
+bracket it otherwise, so a seed whose run missed its target by more, with no run beyond it, has
+no cell there.
+
+Equal search budgets: every model with a λ or k gets as many training configurations per seed
+(grid values or target L0s; no other setting takes a list) as every other model on the same
+data, so that none wins by being searched more. A sweep file that gives one model more is
+refused before anything trains, in one line naming the models and their budgets, unless it says
+why in ``unequal_budget: "reason"``; the comparison page then states the budgets and the reason.
 
 Settings are ``sae.run`` flag names without the dashes (``max_steps`` or ``max-steps``; ``lambda``
 for ``--lambda``); ``true``/``false`` turn switches such as ``no_figures`` on or off, ``null`` means
@@ -36,7 +65,7 @@ in ``common``. Activations instead of images: ``data: FILE`` (a ``.npy`` matrix 
 manifest, as ``sae.run --data``) in ``common`` (then without ``datasets``) or in a model's entry;
 such runs are named, in folders and tables, after the manifest's name or the file's stem, and a
 sweep whose started runs trained on other bytes than the file holds now is refused. Only the grid
-key takes a list (``devices`` may be a list of GPU ids); a missing
+key and ``target_l0`` take a list (``devices`` may be a list of GPU ids); a missing
 grid key gives one run at the value of ``common`` or sae.run's default. Every combination is
 checked with sae.run's own parser before anything starts; bad input is one ``error:`` line on
 stderr and exit code 2.
@@ -44,7 +73,7 @@ stderr and exit code 2.
 Sweep folder (default ``sweeps/<sweep file stem>``)::
 
     sweep.yaml                 the sweep file as last run
-    runs/<dataset>/<model>/<lambda0.01 | k32>/seed<s>/
+    runs/<dataset>/<model>/<lambda0.01 | k32 | target16>/seed<s>/
                                a sae.run folder, plus analysis.json and test_l0.npy
     logs/<same path>.log       each run's console output (appended on every attempt)
     raw_probe.json             raw-pixel probe accuracy per dataset and data split (cached)
@@ -135,7 +164,7 @@ from sae.sweep.render import (
     relink_page,
     write_outputs,
 )
-from sae.sweep.spec import Run, Sweep, check_name, load_sweep, plan
+from sae.sweep.spec import Run, Sweep, check_budgets, check_name, load_sweep, plan
 from sae.system.io import copy_file, find_link, read_text, write_text
 from sae.system.process import (
     EXIT_FAILED,
@@ -333,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         check_sweep_dir(args.out)
         check_folders(args.out, runs, args.jobs, gpus)
         check_sweep_data(args.out, runs)  # every data file, and the one each run trained on
+        check_budgets(sweep)  # every model as many configurations, or a reason why
         if args.publish is not None:
             check_publish_dir(args.publish)
         on_ray = args.engine == "ray" and not all_done(args.out, runs)

@@ -8,7 +8,8 @@ instead, and the choice is made on validation data while only test metrics are r
 
 - :func:`at_l0` places each run by its validation mean L0 and, per seed, interpolates the
   model's own curve between the two settings that bracket the target (linear in log L0;
-  nothing extrapolated), or takes the setting within :data:`L0_TOLERANCE` of it as it is; the
+  nothing extrapolated), or takes the setting within :data:`L0_TOLERANCE` of it as it is (so a
+  run aimed at the target, a sweep's ``target_l0``, that landed within it has its cell); the
   row is the mean and sample std over seeds of the interpolated test metrics;
 - :func:`verdict` names, per dataset and L0 band (:data:`L0_BANDS`), the best model on each
   criterion of :func:`criteria` (outcomes first: FVU at L0 and the adaptive gain), every one
@@ -50,7 +51,8 @@ BAND_TARGETS: tuple[float, ...] = (16.0, 32.0, 64.0)
 HEADLINE_TARGETS: tuple[float, ...] = BAND_TARGETS[:2]
 
 # a setting whose mean L0 is within this share of a target is taken as it is, not interpolated
-# (BatchTopK's inference threshold lands its L0 near, not at, k)
+# (BatchTopK's inference threshold lands its L0 near, not at, k; a run trained with
+# --target-l0 lands near, not at, its target)
 L0_TOLERANCE = 0.05
 
 # metrics interpolated to a target L0 (linear in log L0 between the two nearest settings), and
