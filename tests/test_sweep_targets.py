@@ -165,7 +165,7 @@ def test_runs_landing_within_tolerance_of_their_target_get_a_cell(tmp_path):
     assert l1_16["n_seeds"] == 2 and l1_16["n_missing"] == 0
     assert l1_16["l0"] == pytest.approx((15.8 + 16.6) / 2)  # each run as it landed
     assert l1_16["lo_value"] == l1_16["hi_value"] == 16
-    assert matched_label(l1_16) == "target_l0 = 16"
+    assert matched_label(l1_16) == "target L0 = 16"
     assert matched.loc[("l1", 32.0)]["l0"] == pytest.approx((32.5 + 31.2) / 2)
     # beyond the tolerance a seed has no cell; the seed within it still does
     sm = matched.loc[("sparsemax", 16.0)]
@@ -174,7 +174,7 @@ def test_runs_landing_within_tolerance_of_their_target_get_a_cell(tmp_path):
     assert matched.loc[("topk", 16.0)]["lo_value"] == 16
     # between the targets the runs aimed at them are interpolated as a grid's would be
     mid = at_l0(_landed(runs, place), [22.0]).set_index("model")
-    assert matched_label(mid.loc["l1"]) == "target_l0 = 16 … 32"
+    assert matched_label(mid.loc["l1"]) == "target L0 = 16 … 32"
 
 
 @pytest.mark.slow
@@ -196,7 +196,7 @@ def test_a_target_sweep_runs_end_to_end(tmp_path, data_dir):
     assert config["target_l0"] == 8 and config["lambda"] == 0.05  # where λ started
     assert (frame.loc[frame["model"] == "topk", "l0_mean"] <= 8 + 1e-9).all()
     page = (sweep / "comparison.md").read_text()
-    assert "target_l0 = 8" in page
+    assert "target L0 = 8" in page
     # an unequal budget is refused before anything trains
     data["models"]["topk"] = {"target_l0": [4]}
     write_yaml(tmp_path / "targets.yaml", data)

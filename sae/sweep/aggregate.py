@@ -149,10 +149,12 @@ def exact_zeros(summary: pd.DataFrame) -> pd.Series:
 
 
 def config_label(param: str, value: float) -> str:
-    """'λ = 0.01' or 'k = 32' ('own L0' for a model with neither)."""
+    """'λ = 0.01', 'k = 32' or 'target L0 = 16' (a run aimed at an L0 by ``--target-l0``);
+    'own L0' for a model with neither."""
     if param == "none":
         return "own L0"
-    return f"{'λ' if param == 'lambda' else param} = {value:g}"
+    name = {"lambda": "λ", "target_l0": "target L0"}.get(param, param)
+    return f"{name} = {value:g}"
 
 
 def is_finite_number(x: object) -> bool:
