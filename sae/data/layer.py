@@ -31,7 +31,13 @@ import signal
 import sys
 from pathlib import Path
 
-from sae.system.io import write_bytes, write_json, write_text
+from sae.system.io import (
+    outermost_new,
+    remove_made_folders,
+    write_bytes,
+    write_json,
+    write_text,
+)
 from sae.system.process import (
     STOPS,
     exit_now,
@@ -159,27 +165,7 @@ def _undo(out: Path, made: Path | None) -> None:
                                       and "-" in entry.name)) and entry.is_file() \
                 and not entry.is_symlink():
             entry.unlink(missing_ok=True)
-    if made is None:
-        return
-    folder = out.absolute()
-    while True:
-        try:
-            folder.rmdir()  # only while empty: what someone else put there stays
-        except OSError:
-            return
-        if folder == made:
-            return
-        folder = folder.parent
-
-
-def _to_make(out: Path) -> Path | None:
-    """The outermost folder that making ``out`` creates, or None when ``out`` exists."""
-    if out.exists():
-        return None
-    made = out.absolute()
-    while not made.parent.exists() and made.parent != made:
-        made = made.parent
-    return made
+    remove_made_folders(out, made)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +278,7 @@ def _dump(args, argv: list[str] | None, state: dict) -> int:
         }
         buffer = io.BytesIO()  # written atomically, as every file here
         torch.save({k: v.detach().clone() for k, v in stages.state_dict().items()}, buffer)
-        state["made"] = _to_make(args.out)
+        state["made"] = outermost_new(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
         write_text(args.out / MARKER, "made by python -m sae.layer; dataset.json is written "
                    "last\n")

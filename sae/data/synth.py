@@ -60,7 +60,7 @@ import numpy as np
 
 from sae.data.layer import write_dataset
 from sae.data.matrix import FORMAT
-from sae.system.io import write_json
+from sae.system.io import outermost_new, remove_made_folders, write_json
 from sae.system.process import STOPS, interrupted, raise_terminated, signals_held
 
 __all__ = ["BUDGET", "CHUNK", "GroundTruthData", "SynthConfig", "generate", "main", "manifest",
@@ -500,25 +500,7 @@ def _undo(out: Path, made: Path | None) -> None:
     and the parents it made (``made``: the outermost)."""
     for name in WRITTEN:
         (out / name).unlink(missing_ok=True)
-    folder = out.absolute()
-    while made is not None:
-        try:
-            folder.rmdir()  # only while empty: what someone else put there stays
-        except OSError:
-            return
-        if folder == made:
-            return
-        folder = folder.parent
-
-
-def _outermost_new(out: Path) -> Path | None:
-    """The outermost folder that making ``out`` creates, or None when ``out`` exists."""
-    if out.exists():
-        return None
-    made = out.absolute()
-    while not made.parent.exists() and made.parent != made:
-        made = made.parent
-    return made
+    remove_made_folders(out, made)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -540,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     made = None
     try:
         with signals_held():  # the folders made are known before a stop can undo them
-            made = _outermost_new(out)
+            made = outermost_new(out)
             _remove_killed(out)
             out.mkdir(parents=True, exist_ok=True)
         l0 = stream(out, cfg, "python -m sae.synth " + " ".join(argv))

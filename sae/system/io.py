@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 __all__ = ["UnsafePathError", "atomic_file", "copy_file", "find_link", "finite_json",
+           "outermost_new", "remove_made_folders",
            "open_regular", "read_bytes", "read_text", "remove_stale_temporaries", "write_bytes",
            "write_json", "write_png", "write_text"]
 
@@ -243,3 +244,31 @@ def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) ->
     with os.fdopen(open_regular(source), "rb") as src, atomic_file(target) as fh:
         shutil.copyfileobj(src, fh)
     return Path(target)
+
+
+def outermost_new(out: str | os.PathLike[str]) -> Path | None:
+    """The outermost folder that making ``out`` (with its parents) creates, or None when ``out``
+    exists: what a command that fails or is stopped removes again (:func:`remove_made_folders`)."""
+    out = Path(out)
+    if out.exists():
+        return None
+    made = out.absolute()
+    while not made.parent.exists() and made.parent != made:
+        made = made.parent
+    return made
+
+
+def remove_made_folders(out: str | os.PathLike[str], made: Path | None) -> None:
+    """Remove ``out`` and its parents up to ``made`` (:func:`outermost_new`), each only while it
+    is empty: what someone else put there stays, and so do the folders above it."""
+    if made is None:
+        return
+    folder = Path(out).absolute()
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == made:
+            return
+        folder = folder.parent
