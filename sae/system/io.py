@@ -37,7 +37,7 @@ from typing import IO
 
 __all__ = ["UnsafePathError", "atomic_file", "copy_file", "find_link", "finite_json",
            "outermost_new", "remove_made_folders",
-           "open_regular", "read_bytes", "read_text", "remove_stale_temporaries", "write_bytes",
+           "open_regular", "read_bytes", "read_text", "write_bytes",
            "write_json", "write_png", "write_text"]
 
 READ_LIMIT = 64 * 2**20  # bytes: the largest metadata file (JSON, YAML, CSV) a reader takes
@@ -140,23 +140,6 @@ def find_link(folder: str | os.PathLike[str], skip: tuple[str, ...] = ()) -> Pat
             if os.path.islink(os.path.join(root, name)):
                 return Path(root) / name
     return None
-
-
-def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
-    """Remove the temporary files that a killed :func:`atomic_file` left in ``folder``'s tree.
-
-    Only regular files named as :func:`atomic_file` names them (``.<name>-<random>.tmp``); call
-    it only while no other process writes the folder (under its lock). Returns those removed.
-    """
-    removed = []
-    for root, _, files in os.walk(folder, followlinks=False):
-        for name in files:
-            path = Path(root) / name
-            if name.startswith(".") and name.endswith(".tmp") and "-" in name and \
-                    path.is_file() and not path.is_symlink():
-                path.unlink(missing_ok=True)
-                removed.append(path)
-    return removed
 
 
 @contextmanager
