@@ -61,7 +61,12 @@ class SAETraining(L.LightningModule):
                              torch.zeros(sae.config.hidden, dtype=torch.long))
         # set in the step, read by sae.training.guards.NonFiniteLossGuard (a read is a host sync)
         self.register_buffer("nonfinite_loss", torch.zeros((), dtype=torch.bool))
+        # (id of the trainer, its fit's step count) while a fit trains: read twice a step, and
+        # the trainer's estimate is recomputed on each read
+        self._fit_steps: tuple[int, int] | None = None
+        self._controls_l0 = False
         if sae.config.target_l0 is not None and sae.config.model not in FIXED_BUDGET:
+            self._controls_l0 = True
             # --target-l0: λ = λ₀·e^lambda_log_scale, adapted each step (sae.models.schedules)
             self.register_buffer("lambda_log_scale", torch.zeros((), dtype=torch.float64))
             self.register_buffer("l0_log_ema", torch.full(
@@ -93,8 +98,9 @@ class SAETraining(L.LightningModule):
 
     @property
     def controls_l0(self) -> bool:
-        """Whether λ adapts to land on ``--target-l0`` (a model with a λ given a target)."""
-        return hasattr(self, "lambda_log_scale")
+        """Whether λ adapts to land on ``--target-l0`` (a model with a λ given a target): a plain
+        flag, as ``hasattr`` on a module without the buffer raises and formats an error."""
+        return self._controls_l0
 
     def lambda_now(self):
         """λ_t: the penalty weight at this step, warmed up from 0 to λ (a float), times the
@@ -141,11 +147,27 @@ class SAETraining(L.LightningModule):
         self.l0_log_ema.copy_(ema)
 
     def total_steps(self) -> int:
-        """Optimiser steps this fit will take (1 when not fitting)."""
+        """Optimiser steps this fit will take (1 when not fitting); while training, the count
+        taken as training started (the trainer's estimate does not change during a fit)."""
+        fit = self._fit_steps
+        if fit is not None and fit[0] == id(self._trainer):
+            return fit[1]
         try:
             return max(int(self.trainer.estimated_stepping_batches), 1)
         except (RuntimeError, AttributeError):
             return 1
+
+    def setup(self, stage: str) -> None:
+        # every fit, validation or test starts here (before configure_optimizers): nothing is
+        # kept from an earlier fit, even one stopped by an error before on_train_end
+        self._fit_steps = None
+
+    def on_train_start(self) -> None:
+        self._fit_steps = None
+        self._fit_steps = (id(self._trainer), self.total_steps())
+
+    def on_train_end(self) -> None:
+        self._fit_steps = None
 
     # ---- training -------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> Tensor:
@@ -170,7 +192,8 @@ class SAETraining(L.LightningModule):
             fired = h.amax(0) > sae.fire_threshold
             self.samples_since_fired.add_(len(x)).masked_fill_(fired, 0)
             # a NaN, or a blow-up that stays finite: the batch FVU far above that of x̂ = x̄ (1)
-            self.nonfinite_loss |= ~torch.isfinite(loss) | (recon > DIVERGED_FVU)
+            # in place: ``|=`` would assign the buffer again through Module.__setattr__
+            self.nonfinite_loss.logical_or_(~torch.isfinite(loss) | (recon > DIVERGED_FVU))
         if self.logs_this_step():
             active = metrics.active(h.detach(), sae.fire_threshold)
             self.log("train/loss", loss, prog_bar=True)
@@ -213,12 +236,11 @@ class SAETraining(L.LightningModule):
         call it); without, over this rank's samples, scaled as if all ranks saw the same.
         """
         since = self.samples_since_fired
-        world = 1
         if reduce and dist.is_available() and dist.is_initialized():
             since = since.clone()
             dist.all_reduce(since, op=dist.ReduceOp.MIN)
-            world = dist.get_world_size()
-        return since * world >= self.config.dead_window
+            return since * dist.get_world_size() >= self.config.dead_window
+        return since >= self.config.dead_window  # one process: no scaling, one op a step
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # keep W_dec's columns on the unit sphere: drop the gradient's radial component

@@ -263,12 +263,15 @@ class EpochLines(L.Callback):
             self._since = (time.monotonic(), trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.monotonic()
+        then, before = self._since
+        if now - then < self.every:  # most steps: the clock alone says nothing is due
+            return
         bar = trainer.progress_bar_callback
         if not trainer.is_global_zero or (isinstance(bar, ProgressBar) and bar.is_enabled):
             return
-        now, step = time.monotonic(), trainer.global_step
-        then, before = self._since
-        if now - then >= self.every and step > before:
+        step = trainer.global_step
+        if step > before:
             print(progress_line(trainer, (now - then) / (step - before)), flush=True)
             self._since = (now, step)
 
