@@ -2,6 +2,7 @@
 the target as its k."""
 
 import csv
+import json
 import math
 
 import pytest
@@ -93,3 +94,5 @@ def test_an_l1_run_lands_on_its_target_and_holds_lambda_at_the_end(tmp_path, dat
     held = [lam for step, lam in lambdas if step > round(0.9 * total)]
     assert len(held) >= 2 and max(held) == pytest.approx(min(held), rel=1e-6)
     assert float(rows[-1]["val/lambda"]) == pytest.approx(held[-1], rel=1e-6)
+    result = json.loads((run / "metrics.json").read_text())
+    assert result["lambda_held"] == pytest.approx(held[-1], rel=1e-6) and result["lam"] == 0.01

@@ -130,7 +130,8 @@ _METRIC_NOTES = {m.name: m.definition for m in METRICS}
 
 # metrics.json entries that describe the run rather than measure it: shown as "Run", apart
 # from the metrics (name -> label)
-_RUN_FACTS = {"model": "model", "dataset": "dataset", "lam": "λ", "seed": "seed",
+_RUN_FACTS = {"model": "model", "dataset": "dataset", "lam": "λ",
+              "lambda_held": "λ held (--target-l0)", "seed": "seed",
               "hidden": "code units", "fire_threshold": "firing threshold", "steps": "steps",
               "epochs": "epochs"}
 

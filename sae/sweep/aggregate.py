@@ -37,8 +37,10 @@ __all__ = ["CONFIG_KEYS", "PROBE_METRICS", "RESULT_COLUMNS", "SUMMARY_METRICS", 
 CONFIG_KEYS = ["dataset", "model", "kind", "param", "value"]
 
 # what a run's row says of it besides its metrics: from metrics.json (the run's size, λ, the
-# firing threshold of sigmoid codes, its length) and analysis.json (the checkpoint analysed)
-RUN_FACTS = ["hidden", "lam", "fire_threshold", "steps", "epochs", "checkpoint_step"]
+# λ a --target-l0 run held at its end, the firing threshold of sigmoid codes, its length) and
+# analysis.json (the checkpoint analysed)
+RUN_FACTS = ["hidden", "lam", "lambda_held", "fire_threshold", "steps", "epochs",
+             "checkpoint_step"]
 
 # every registered metric (sae.settings.metric_defs): a metric computed for a run is never left
 # out of its row

@@ -351,6 +351,9 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> Trained:
                       epochs=int(trainer.current_epoch), model=sae.model, lam=sae.lam,
                       dataset=dm.dataset, seed=training.seed, hidden=sae.hidden,
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
+        module = trainer.lightning_module
+        if getattr(module, "controls_l0", False):  # --target-l0: the λ the run ended with
+            result["lambda_held"] = float(module.lambda_full())
         write_json(out / "metrics.json", result)
         params = {**asdict(sae), "dataset": dm.dataset, "seed": training.seed,
                   "epochs": training.epochs, "max_steps": training.max_steps,
