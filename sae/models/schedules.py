@@ -104,7 +104,7 @@ def training_offset(offset, log_l0_ema, val_l0):
     """The log-ratio between the training batches' L0 and the validation L0 of the same model,
     smoothed over epochs: the target is a validation L0, the controller sees training batches,
     and the two differ (a model fits its training rows better, and some mechanisms code in
-    training as they do not at inference): 8 to 9 % on MNIST for sparsemax and entmax.
+    training as they do not at inference; docs/running.md gives what it changed on MNIST).
     ``offset`` ← (offset + (ema − log val_l0)) / 2, kept within ±1; the training batches then
     aim at target·e^offset."""
     gap = log_l0_ema - val_l0.clamp_min(1e-3).log()
