@@ -288,3 +288,19 @@ def test_a_factory_that_exits_is_one_line(tmp_path, monkeypatch, capsys):
     assert failed.value.exit_code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --source exiting_source:exits: exits() exited with code 3"], err
+
+
+@pytest.mark.slow
+def test_a_killed_library_start_names_the_call_that_starts_it_again(tmp_path):
+    """A (model, dataset) run killed before its first checkpoint: the next sae.train into its
+    folder is refused with the call that starts it again, not a command no shell can run."""
+    out = tmp_path / "run"
+    sae.train(source=(Net(), images()), hook="body.1", out=str(out),
+              **{**SETTINGS, "no_features": True, "no_report": True})
+    for ckpt in (out / "checkpoints").glob("*.ckpt"):  # as if killed before its first one
+        ckpt.unlink()
+    (out / "metrics.json").unlink()
+    with pytest.raises(sae.TrainingFailed) as failed:
+        sae.train(source=(Net(), images()), hook="body.1", out=str(out), **SETTINGS)
+    assert "sae.train(source=(model, dataset), hook='body.1'" in failed.value.reason
+    assert "overwrite=True" in failed.value.reason and "--source" not in failed.value.reason

@@ -163,9 +163,14 @@ def _start(config: RunConfig, record: dict | None, out: Path, primary: bool,
         return False
     folder = config.folder
     mode = "resume" if folder.resume is not None else "overwrite" if folder.overwrite else "new"
-    # a start stopped by kill -9 is started again by the same command with --overwrite
-    again = shlex.join([sys.executable, "-m", "sae.run", *argv,
-                        *([] if "--out" in argv else ["--out", str(out)]), "--overwrite"])
+    # a start stopped by kill -9 is started again by the same command with --overwrite (the
+    # same sae.train call with overwrite=True for a (model, dataset) no command can name)
+    if config.data.source == "python":  # sae.data.streamed.PYTHON_SOURCE
+        again = (f"sae.train(source=(model, dataset), hook={config.data.hook!r}, "
+                 f"out={str(out)!r}, overwrite=True)")
+    else:
+        again = shlex.join([sys.executable, "-m", "sae.run", *argv,
+                            *([] if "--out" in argv else ["--out", str(out)]), "--overwrite"])
     created = runfolder.claim(out, mode, again)
     if folder.resume is None:
         try:
