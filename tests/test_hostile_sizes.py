@@ -249,6 +249,17 @@ def test_synth_stops_in_one_line_started_in_the_background(tmp_path, data_dir, s
     assert not (tmp_path / "made").exists()
 
 
+def _synth(out, capsys) -> tuple[int, list[str]]:
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = synth.main(["--out", str(out), "--train", "200", "--test", "10", "--dim", "4",
+                           "--features", "16", "--mean-l0", "2"])
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
 def test_synth_undoes_a_failed_write_and_keeps_a_users_folder(tmp_path, monkeypatch, capsys):
     """A write that fails (a full disk) is one line and exit 1; the files are removed and the
     empty folder the user made stays."""
@@ -259,28 +270,10 @@ def test_synth_undoes_a_failed_write_and_keeps_a_users_folder(tmp_path, monkeypa
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(synth._NpyFile, "commit", full)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = synth.main(["--out", str(out), "--train", "200", "--test", "10", "--dim", "4",
-                           "--features", "16", "--mean-l0", "2"])
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-    err = capsys.readouterr().err.strip().splitlines()
+    code, err = _synth(out, capsys)
     assert code == 1 and len(err) == 1 and "No space left" in err[0], err
     assert out.is_dir() and not any(out.iterdir())
 
-
-
-def _synth(out, capsys) -> tuple[int, list[str]]:
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = synth.main(["--out", str(out), "--train", "200", "--test", "10", "--dim", "4",
-                           "--features", "16", "--mean-l0", "2"])
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-    return code, capsys.readouterr().err.strip().splitlines()
 
 
 def test_synth_runs_again_where_a_killed_run_left_its_files(tmp_path, capsys):
