@@ -128,7 +128,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks: list,
-                  loggers: list, preloaded: tuple[Path, dict] | None = None):
+                  loggers: list, preloaded: tuple[Path, dict] | None = None,
+                  checkpoint_io=None):
     training, hw, progress = config.train, config.hardware, config.output.progress
     val_interval, val_every_epochs = 1.0, 1
     if training.max_steps is not None and training.max_steps < steps_per_epoch:
@@ -147,7 +148,7 @@ def build_trainer(config: RunConfig, out: Path, steps_per_epoch: int, callbacks:
             devices=hw.devices, strategy=hw.strategy, num_nodes=hw.num_nodes,
             precision=hw.precision, gradient_clip_val=training.grad_clip or None,
             gradient_clip_algorithm="norm", logger=loggers, callbacks=callbacks,
-            plugins=[SafeCheckpointIO(preloaded)],
+            plugins=[checkpoint_io or SafeCheckpointIO(preloaded)],
             log_every_n_steps=min(config.output.log_every, steps_per_epoch),
             val_check_interval=val_interval, check_val_every_n_epoch=val_every_epochs,
             num_sanity_val_steps=0, enable_progress_bar=show_progress,
@@ -218,7 +219,9 @@ def train(config: RunConfig) -> Trained | None:
         raise Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt
     if not trainer.is_global_zero:
         return None
-    return finish(config, module.sae, dm, trainer, wall)
+    held = float(module.lambda_full()) if module.controls_l0 else None
+    return finish(config, module.sae, dm, wall, int(trainer.global_step),
+                  int(trainer.current_epoch), trainer.loggers, lambda_held=held)
 
 
 def new_module(config: RunConfig, dm):
@@ -337,9 +340,12 @@ class Trained:
     test_codes: object
 
 
-def finish(config: RunConfig, model, dm, trainer, wall: float) -> Trained:
-    """After a completed fit (rank 0): test metrics to ``metrics.json`` and TensorBoard, with a
-    status line; returns them with what the pages are made from."""
+def finish(config: RunConfig, model, dm, wall: float, steps: int, epochs: int, loggers: list,
+           lambda_held: float | None = None, extra: dict | None = None) -> Trained:
+    """After a completed fit (rank 0): test metrics to ``metrics.json`` and the ``loggers``, with
+    a status line; returns them with what the pages are made from. ``steps`` and ``epochs`` are
+    where training ended, ``lambda_held`` the λ a ``--target-l0`` run ended with, ``extra`` more
+    facts for ``metrics.json``."""
     out, sae, training = Path(config.folder.out), config.sae, config.train
     with status("test metrics"):
         truth = getattr(dm, "truth", None)  # data made with known features
@@ -347,19 +353,18 @@ def finish(config: RunConfig, model, dm, trainer, wall: float) -> Trained:
                                  dm.val_x if truth is not None else None)
         validation = read_validation(out / "metrics.csv")
         result.update(**final_validation(validation), **last_epoch_change(validation))
-        result.update(wall_time_s=wall, steps=int(trainer.global_step),
-                      epochs=int(trainer.current_epoch), model=sae.model, lam=sae.lam,
-                      dataset=dm.dataset, seed=training.seed, hidden=sae.hidden,
+        result.update(wall_time_s=wall, steps=steps, epochs=epochs, model=sae.model,
+                      lam=sae.lam, dataset=dm.dataset, seed=training.seed, hidden=sae.hidden,
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
-        module = trainer.lightning_module
-        if getattr(module, "controls_l0", False):  # --target-l0: the λ the run ended with
-            result["lambda_held"] = float(module.lambda_full())
+        if lambda_held is not None:  # --target-l0: the λ the run ended with
+            result["lambda_held"] = lambda_held
+        result.update(extra or {})
         write_json(out / "metrics.json", result)
         params = {**asdict(sae), "dataset": dm.dataset, "seed": training.seed,
                   "epochs": training.epochs, "max_steps": training.max_steps,
                   "batch_size": training.batch_size}
-        log_test_hparams(trainer.loggers, params, result, step=int(trainer.global_step))
-        for logger in trainer.loggers:
+        log_test_hparams(loggers, params, result, step=steps)
+        for logger in loggers:
             closing = getattr(logger, "close", None)
             if closing is not None:
                 closing()

@@ -65,6 +65,9 @@ class SAETraining(L.LightningModule):
         # the trainer's estimate is recomputed on each read
         self._fit_steps: tuple[int, int] | None = None
         self._controls_l0 = False
+        # where ``log`` sends values instead of Lightning: set while this module trains as a
+        # member of a stack (``sae.training.stack``), whose members each keep their own logs
+        self.log_sink = None
         if sae.config.target_l0 is not None and sae.config.model not in FIXED_BUDGET:
             self._controls_l0 = True
             # --target-l0: λ = λ₀·e^lambda_log_scale, adapted each step (sae.models.schedules)
@@ -89,6 +92,13 @@ class SAETraining(L.LightningModule):
         named = OrderedDict((k if k in TRAINING_BUFFERS else PREFIX + k, v)
                             for k, v in state_dict.items())
         return super().load_state_dict(named, strict=strict, assign=assign)
+
+    def log(self, name: str, value, *args, **kwargs) -> None:
+        """Lightning's ``log``, or, in a stack, the member's own record of ``name``."""
+        if self.log_sink is not None:
+            self.log_sink(name, value, prog_bar=kwargs.get("prog_bar", False))
+            return
+        super().log(name, value, *args, **kwargs)
 
     # ---- one pass ---------------------------------------------------------------------------
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, dict]:
@@ -256,6 +266,11 @@ class SAETraining(L.LightningModule):
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         optimizer.step(closure=optimizer_closure)
+        self.renormalise()
+
+    def renormalise(self) -> None:
+        """Put W_dec's columns back on the unit sphere after a step (the variants that keep
+        them there)."""
         if self.sae.unit_norm_decoder:
             with torch.no_grad():
                 W = self.sae.W_dec
@@ -304,11 +319,15 @@ class SAETraining(L.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.Adam(self.sae.param_groups(), lr=self.config.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.lr_schedule())
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def lr_schedule(self):
+        """step -> the factor on the learning rate (warm-up and decay of this fit's steps)."""
         total = self.total_steps()
         warm = resolve_steps(self.config.lr_warmup, total)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: lr_factor(step, warm, total, self.config.lr_decay))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        decay = self.config.lr_decay
+        return lambda step: lr_factor(step, warm, total, decay)
 
 
 def training_module(config: SAEConfig, mean_image: Tensor | None = None, data_var: float = 1.0,
