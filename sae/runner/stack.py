@@ -10,6 +10,7 @@ running ``main`` again with ``--resume`` in each argv). Sweeps call this (``--st
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -22,9 +23,11 @@ from sae.system.process import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    RUN_ENV,
     Terminated,
     raise_terminated,
 )
+from sae.training import runfolder
 
 __all__ = ["main"]
 
@@ -40,34 +43,44 @@ def main(argvs: list[list[str]]) -> list[int]:
     codes: list[int | None] = [None] * len(argvs)
     started = []  # (index, config, out, created)
     try:
-        for i, argv in enumerate(argvs):
-            try:
-                config, record = single._checked(argv)
-                with single._signals_held():
-                    created = single._start(config, record, Path(config.folder.out), True, argv)
-            except UsageError as e:
-                say(f"error: {e}")
-                codes[i] = EXIT_USAGE
-                continue
-            except OSError as e:
-                say(f"error: cannot write to the run folder: {e.strerror or e}")
-                codes[i] = EXIT_FAILED
-                continue
-            out = Path(config.folder.out)
-            print(f"run folder: {out}" + (" (resuming)" if config.folder.resume else ""),
-                  flush=True)
-            started.append((i, config, out, created))
-        if started:
-            _train(started, codes, say)
+        _run(argvs, codes, started)
     except (KeyboardInterrupt, Terminated) as e:
         word = "terminated" if isinstance(e, Terminated) else "interrupted"
         code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
         for i, config, out, created in started:
             if codes[i] is None:
                 codes[i] = single._stopped(config, out, created, True, say, word, code)
-        for i in range(len(codes)):
-            codes[i] = code if codes[i] is None else codes[i]
+        codes = [code if c is None else c for c in codes]
+    finally:
+        for _, _, out, _ in started:  # a later run in this process may take these folders
+            runfolder.release(out)
+        for name in RUN_ENV:
+            os.environ.pop(name, None)
     return [int(c) for c in codes]
+
+
+def _run(argvs: list[list[str]], codes: list, started: list) -> None:
+    """Check and claim each run's folder (a run with bad settings gets its error), then train
+    the claimed ones."""
+    for i, argv in enumerate(argvs):
+        try:
+            config, record = single._checked(argv)
+            with single._signals_held():
+                created = single._start(config, record, Path(config.folder.out), True, argv)
+        except UsageError as e:
+            say(f"error: {e}")
+            codes[i] = EXIT_USAGE
+            continue
+        except OSError as e:
+            say(f"error: cannot write to the run folder: {e.strerror or e}")
+            codes[i] = EXIT_FAILED
+            continue
+        out = Path(config.folder.out)
+        print(f"run folder: {out}" + (" (resuming)" if config.folder.resume else ""),
+              flush=True)
+        started.append((i, config, out, created))
+    if started:
+        _train(started, codes, say)
 
 
 def _train(started: list, codes: list, say) -> None:

@@ -54,14 +54,18 @@ class MemberRecord:
         if name in SHOWN:
             self.shown[name] = torch.as_tensor(value).detach().float()
 
-    def flush(self, step: int, epoch: int) -> None:
-        if not self.pending:
-            return
-        row = {k: float(torch.as_tensor(v).detach()) for k, v in self.pending.items()}
-        row["epoch"] = epoch
-        for logger in self.loggers:
-            logger.log_metrics(row, step=step)
-        self.pending = {}
+    def flush(self, step: int, epoch: int, save: bool = False) -> None:
+        """Write the pending values as one row at ``step``; ``save`` writes the loggers' files
+        too (after a validation, as Lightning saves its loggers)."""
+        if self.pending:
+            row = {k: float(torch.as_tensor(v).detach()) for k, v in self.pending.items()}
+            row["epoch"] = epoch
+            for logger in self.loggers:
+                logger.log_metrics(row, step=step)
+            self.pending = {}
+        if save:
+            for logger in self.loggers:
+                logger.save()
 
 
 class StackTraining(L.LightningModule):
@@ -190,7 +194,7 @@ class StackTraining(L.LightningModule):
                 self.best[i] = min(loss, self.best[i]) if self.best[i] is not None else loss
                 if self.until_converged:
                     self._settle(i, record)
-            record.flush(step, epoch)
+            record.flush(step, epoch, save=True)
         self._show("val/fvu", "val/l0", "val/dead_fraction", "val/loss")
 
     def _settle(self, i: int, record: MemberRecord) -> None:
@@ -266,14 +270,28 @@ class MemberCallbacks(L.Callback):
 
 class StackCheckpoints(L.Callback):
     """After every validation, each live member's ``last.ckpt`` (and ``best.ckpt`` when its
-    validation loss improved), written by :class:`StackCheckpointIO`; a member that settled at
-    this validation is written once more and then left as it is."""
+    validation loss improved), written by :class:`StackCheckpointIO` when a single run's
+    ModelCheckpoint writes it (at the training epoch's end when validation closes each epoch,
+    else at the validation's end: the loop state a resume reads differs); a member that settled
+    at this validation is written once more and then left as it is."""
 
     def __init__(self) -> None:
         self._saved_step = -1
 
+    @staticmethod
+    def _at_epoch_end(trainer) -> bool:
+        return trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
+
+    def on_train_epoch_end(self, trainer, stack) -> None:
+        if self._at_epoch_end(trainer):
+            self._save(trainer, stack)
+
     def on_validation_end(self, trainer, stack) -> None:
-        if trainer.sanity_checking or self._saved_step == trainer.global_step:
+        if not trainer.sanity_checking and not self._at_epoch_end(trainer):
+            self._save(trainer, stack)
+
+    def _save(self, trainer, stack) -> None:
+        if self._saved_step == trainer.global_step:
             return
         trainer.save_checkpoint(stack.folders[0] / "checkpoints" / "last.ckpt")
         self._saved_step = trainer.global_step

@@ -138,7 +138,9 @@ def train_stack(configs: list[RunConfig]) -> list[MemberOutcome]:
             raise KeyboardInterrupt from None
         raise
     finally:
-        for out in outs:
+        for record, out in zip(stack.records, outs, strict=True):
+            for logger in record.loggers:
+                logger.save()
             runfolder.merge_history(out)
     trainer.save_checkpoint(outs[0] / "checkpoints" / "last.ckpt")  # the live members' last
     if stop.signum is not None:
