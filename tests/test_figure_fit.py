@@ -96,16 +96,22 @@ def test_an_outlier_is_an_arrow_at_the_edge_and_the_others_fill_the_axis():
     bottom, top = ax.get_ylim()
     assert top < 0.5  # not stretched to 2.49: the other points span 0.1-0.33
     notes = {t.get_text(): t for t in ax.texts}
-    arrows = [t for t in ax.texts if getattr(t, 'arrow_patch', None) is not None]
-    assert sorted(t.get_text() for t in arrows) == ["1.31", "2.49"]
-    assert all(t.xy[1] == 1.0 for t in arrows)  # at the top edge (axes fraction)
+    arrows = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    values = [t for t in ax.texts if t.get_gid() == "outside-value"]
+    assert sorted(t.get_text() for t in values) == ["l1 1.31", "topk 2.49"]
+    assert len(arrows) == 2 and all(t.xy[1] == 1.0 for t in arrows)  # at the top edge
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    for t in values:  # each written value lies inside the figure
+        box = t.get_window_extent(canvas.get_renderer())
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
     assert "2 beyond the axis: arrows, values written" in notes
 
 
 def test_no_outlier_leaves_the_axis_to_scale_itself():
     fig = plots.fvu_l0_pareto(summary_with([]))
     ax = next(a for a in fig.axes if a.get_label() == "main:mnist")
-    assert not [t for t in ax.texts if getattr(t, 'arrow_patch', None) is not None]
+    assert not [t for t in ax.texts if t.get_gid() == "outside-value"]
     assert ax.get_ylim()[1] >= 0.33
 
 

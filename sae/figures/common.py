@@ -330,28 +330,49 @@ def robust_limits(values, spread=None, fence: float = FENCE,
     return lo, hi
 
 
-def mark_outside(ax: Axes, x, y, colours, limits: tuple[float, float],
+def mark_outside(ax: Axes, x, y, colours, limits: tuple[float, float], names=None,
                  fmt: str = ".3g") -> int:
     """Clip the y axis of ``ax`` to ``limits`` and draw each point beyond it as an arrow at the
-    edge it passes, pointing out, with its value written beside it (in its colour), so that no
-    point is hidden and none stretches the axis. Returns how many points were beyond."""
+    edge it passes, pointing out, with its value (and its name, of ``names``) written under it
+    in its colour, so that no point is hidden and none stretches the axis. Returns how many
+    points were beyond.
+
+    The written values have the gid ``"outside-value"``. Near either side of the axes a value
+    runs inwards; values of arrows close together stand one line apart, so none covers another.
+    """
     ax.set_ylim(*limits)
-    beyond = 0
-    for xi, yi, colour in zip(x, y, colours, strict=True):
-        if not np.isfinite(yi) or limits[0] <= yi <= limits[1]:
-            continue
-        above = yi > limits[1]
-        ax.annotate(f"{yi:{fmt}}", xy=(xi, 1.0 if above else 0.0),
-                    xycoords=("data", "axes fraction"), xytext=(0, -26 if above else 26),
-                    textcoords="offset points", ha="center", va="top" if above else "bottom",
-                    color=colour, fontsize="small", annotation_clip=False,
+    names = [None] * len(colours) if names is None else list(names)
+    beyond = []
+    for xi, yi, colour, name in zip(x, y, colours, names, strict=True):
+        if np.isfinite(yi) and not limits[0] <= yi <= limits[1]:
+            # where the arrow stands across the axes (0 left, 1 right)
+            across = ax.transAxes.inverted().transform(ax.transData.transform((xi, limits[0])))
+            beyond.append((float(across[0]), xi, yi, colour, name))
+    renderer = (ax.figure.canvas if isinstance(ax.figure.canvas, FigureCanvasAgg)
+                else FigureCanvasAgg(ax.figure)).get_renderer()
+    placed: list = []  # the written values' boxes so far
+    for across, xi, yi, colour, name in sorted(beyond, key=lambda b: b[0]):
+        sign, edge = (-1, 1.0) if yi > limits[1] else (1, 0.0)
+        at = {"xy": (xi, edge), "xycoords": ("data", "axes fraction"),
+              "textcoords": "offset points", "annotation_clip": False}
+        ax.annotate("", xytext=(0, sign * 22), **at,
                     arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1.2})
-        beyond += 1
+        label = ax.annotate(f"{name} {yi:{fmt}}" if name else f"{yi:{fmt}}",
+                            xytext=(0, sign * 24), **at, color=colour,
+                            fontsize="small", va="top" if sign < 0 else "bottom",
+                            ha="left" if across < 0.2 else "right" if across > 0.8 else "center")
+        label.set_gid("outside-value")
+        for level in range(1, len(placed) + 1):  # one line further while it covers another
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            label.set_position((0, sign * (24 + 12 * level)))
+        placed.append(label.get_window_extent(renderer))
     if beyond:
-        ax.text(0.99, 0.99, f"{beyond} beyond the axis: arrows, values written",
+        ax.text(0.99, 0.99, f"{len(beyond)} beyond the axis: arrows, values written",
                 transform=ax.transAxes, ha="right", va="top", fontsize="x-small",
                 color="0.35")
-    return beyond
+    return len(beyond)
 
 
 def grid_shape(n: int, max_cols: int | None = None) -> tuple[int, int]:

@@ -196,7 +196,7 @@ def _clip_outliers(ax: Axes, part: pd.DataFrame, metric: str,
     if limits is None:
         return labels
     mark_outside(ax, part["l0_mean_mean"].to_numpy(float), y,
-                 [styles[m]["color"] for m in part["model"]], limits)
+                 [styles[m]["color"] for m in part["model"]], limits, names=part["model"])
     return [label for label in labels if limits[0] <= label[1] <= limits[1]]
 
 
@@ -219,7 +219,7 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
     labelled with their λ or k where the label has room (line ends always). L0 is on a log axis
     when every mean L0 is positive. A far outlier of the main axes (an FVU more than 3 IQR above
     the upper quartile, :func:`sae.figures.common.robust_limits`) does not stretch them: it is
-    an arrow at the top edge with its FVU written.
+    an arrow at the top edge with its model and FVU written.
     """
     data = summary.dropna(subset=["l0_mean_mean", "fvu_mean"])
     datasets = list(dict.fromkeys(summary["dataset"]))
