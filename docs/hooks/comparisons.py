@@ -14,11 +14,17 @@ reader of the repository follows; the site rewrites those links to its own pages
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # mkdocs run from the repository without it on the path
+    sys.path.insert(0, str(ROOT))
+
+from sae.sweep.folds import fold_markdown  # noqa: E402 (the repository's, found above)
+
 COMPARE = ROOT / "figures" / "compare"
 GALLERY = ROOT / "figures" / "gallery"  # python -m sae.gallery's figures and their page
 FILES = ("results.csv", "sweep.yaml", "comparison.html")  # linked from each page, as published
@@ -43,7 +49,8 @@ def on_config(config):
 def page_markdown(name: str) -> str:
     """``comparison.md`` of one folder, its links made the site's, its figures and files added."""
     folder = COMPARE / name
-    text = folder.joinpath("comparison.md").read_text(encoding="utf-8")
+    # pages published before the definitions were folded below the verdict are folded here
+    text = fold_markdown(folder.joinpath("comparison.md").read_text(encoding="utf-8"))
     text = re.sub(r"\]\(\.\./([\w.-]+)/comparison\.html\)", r"](\1.md)", text)
     text = text.replace("](../../gallery/index.html)", "](../gallery.md)")
     files = " · ".join(f"[{f}]({name}/{f})" for f in FILES if (folder / f).is_file())
@@ -53,18 +60,32 @@ def page_markdown(name: str) -> str:
             f"{figures}\n")
 
 
+NO_FAVICON = '<link rel="icon" href="data:,">'  # an empty icon, inline: nothing to fetch
+
+
+def served(config, uri: str, path: Path) -> File:
+    """A published file as the site serves it. A published HTML page (self-contained: it links
+    nothing) gets an empty inline icon, so that a browser asks the site for no favicon.ico,
+    which the site does not have."""
+    if path.suffix != ".html":
+        return File.generated(config, uri, abs_src_path=str(path))
+    text = path.read_text(encoding="utf-8")
+    if NO_FAVICON not in text:
+        text = text.replace("<title>", f"{NO_FAVICON}\n<title>", 1)
+    return File.generated(config, uri, content=text)
+
+
 def on_files(files, config):
     for name in published():
         files.append(File.generated(config, f"results/{name}.md", content=page_markdown(name)))
         folder = COMPARE / name
         for path in [*sorted(folder.glob("*.png")), *(folder / f for f in FILES)]:
             if path.is_file():
-                files.append(File.generated(config, f"results/{name}/{path.name}",
-                                            abs_src_path=str(path)))
+                files.append(served(config, f"results/{name}/{path.name}", path))
     for path in [*sorted(GALLERY.glob("*.png")), GALLERY / "index.html"]:
         if path.is_file():  # index.html would be the folder's page: it is served as figures.html
             uri = "gallery/figures.html" if path.name == "index.html" else f"gallery/{path.name}"
-            files.append(File.generated(config, uri, abs_src_path=str(path)))
+            files.append(served(config, uri, path))
     return files
 
 

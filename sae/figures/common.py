@@ -21,6 +21,7 @@ import functools
 import io
 import math
 import os
+import textwrap
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -33,13 +34,15 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from sae.system.io import atomic_file
 
 __all__ = ["DISTINCT", "DPI", "MODEL_STYLES", "NAMED_STYLES", "colour_distance", "drop_unused",
-           "empty_note", "figure_to_png_bytes", "figure_to_rgb", "grid_shape", "l0_edges",
-           "model_style", "model_styles", "save_png", "seeds_note", "styled", "tile_centre",
-           "tile_mosaic"]
+           "empty_note", "figure_to_png_bytes", "figure_to_rgb", "fit_title", "grid_shape",
+           "l0_edges", "mark_outside", "model_style", "model_styles",
+           "robust_limits", "save_png", "seeds_note", "styled",
+           "tile_centre", "tile_mosaic"]
 
 DPI = 150  # one resolution for every saved figure, so PNGs of different runs compare 1:1
 
@@ -62,15 +65,56 @@ def styled(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def fit_title(fig: Figure, margin: float = 0.02) -> None:
+    """Wrap the figure's title (``suptitle``) to lines that fit inside the figure, then, if one
+    word is still too wide, shrink its font until it fits.
+
+    Every figure leaves through :func:`figure_to_png_bytes`, :func:`figure_to_rgb` or
+    :func:`save_png`, and each calls this first, so a title made longer after the figure was
+    drawn (a run's figures get its dataset, model and epoch as a first line) is cut at neither
+    end. Widths are measured, not estimated: each line is wrapped at the most characters
+    whose text, drawn, is no wider than the figure less ``margin`` of its width on each side.
+    """
+    text = fig.get_suptitle()
+    if not text:
+        return
+    title = next(t for t in fig.get_children() if isinstance(t, Text) and t.get_text() == text)
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    renderer = canvas.get_renderer()
+    room = fig.bbox.width * (1 - 2 * margin)
+
+    def width(lines: str) -> float:
+        title.set_text(lines)
+        return title.get_window_extent(renderer).width
+
+    if width(text) <= room:
+        return
+    fitted = []
+    for line in text.split("\n"):
+        chars = len(line)
+        while chars > 10 and width(textwrap.fill(line, chars, break_on_hyphens=False)) > room:
+            chars -= max(1, chars // 20)
+        fitted.append(textwrap.fill(line, chars, break_on_hyphens=False))
+    size = title.get_fontsize()
+    while width("\n".join(fitted)) > room and size > 5:
+        size *= 0.9
+        title.set_fontsize(size)
+    title.set_ha("center")
+    title.set_x(0.5)
+
+
 def figure_to_png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
-    """Render ``fig`` to PNG bytes (the figure stays open)."""
+    """Render ``fig`` to PNG bytes (the figure stays open; its title fitted: :func:`fit_title`)."""
+    fit_title(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
 
 def figure_to_rgb(fig: Figure, dpi: int = DPI) -> np.ndarray:
-    """Render ``fig`` to an RGB array ``[height, width, 3]`` uint8 (TensorBoard ``HWC`` image)."""
+    """Render ``fig`` to an RGB array ``[height, width, 3]`` uint8 (TensorBoard ``HWC`` image;
+    its title fitted: :func:`fit_title`)."""
+    fit_title(fig)
     old_dpi = fig.dpi
     fig.set_dpi(dpi)
     try:
@@ -89,6 +133,7 @@ def save_png(fig: Figure, path: str | os.PathLike[str], dpi: int = DPI) -> Path:
     should not keep their artists alive.
     """
     try:
+        fit_title(fig)
         with atomic_file(path) as fh:
             fig.savefig(fh, format="png", dpi=dpi)
     finally:
@@ -245,6 +290,89 @@ def seeds_note(n_seeds) -> str:
 
 
 # --------------------------------------------------------------------------- small helpers
+
+
+FENCE = 3.0  # Tukey's "far out" fence, in interquartile ranges beyond the quartiles
+
+
+def robust_limits(values, spread=None, fence: float = FENCE,
+                  min_points: int = 5) -> tuple[float, float] | None:
+    """An axis range that holds every ordinary value and leaves far outliers out, or None when
+    there is nothing to leave out (the axis then scales itself).
+
+    The rule: with at least ``min_points`` finite values, quartiles Q1 and Q3 and IQR = Q3 − Q1,
+    a value is an outlier when it lies more than ``fence`` × IQR beyond its quartile (Tukey's
+    far-out fence: Q1 − 3 IQR, Q3 + 3 IQR). When there are outliers, the range is that of the
+    other values widened by their error bars (``spread``, same length; NaN for none) and by
+    8 % of its span on each side, but never past halfway to the nearest outlier; so one run at
+    FVU 2.5 among runs of FVU 0.05–0.3 leaves them the whole axis instead of its bottom tenth.
+    With fewer values, no spread (IQR 0) or no outlier, the answer is None: nothing is clipped.
+    """
+    v = np.asarray(values, dtype=float)
+    e = np.zeros_like(v) if spread is None else np.nan_to_num(np.asarray(spread, float))
+    ok = np.isfinite(v)
+    if ok.sum() < min_points:
+        return None
+    q1, q3 = np.percentile(v[ok], [25, 75])
+    iqr = q3 - q1
+    inside = ok & (v >= q1 - fence * iqr) & (v <= q3 + fence * iqr)
+    if iqr <= 0 or inside.sum() == ok.sum():
+        return None
+    lo, hi = float((v - e)[inside].min()), float((v + e)[inside].max())
+    pad = 0.08 * (hi - lo) if hi > lo else 0.08 * abs(hi) or 1.0
+    lo, hi = lo - pad, hi + pad
+    # the padding never takes an outlier back in: the limit stops halfway to the nearest one
+    below, above = v[ok & (v < q1 - fence * iqr)], v[ok & (v > q3 + fence * iqr)]
+    if below.size:
+        lo = max(lo, (float(v[inside].min()) + float(below.max())) / 2)
+    if above.size:
+        hi = min(hi, (float(v[inside].max()) + float(above.min())) / 2)
+    return lo, hi
+
+
+def mark_outside(ax: Axes, x, y, colours, limits: tuple[float, float], names=None,
+                 fmt: str = ".3g") -> int:
+    """Clip the y axis of ``ax`` to ``limits`` and draw each point beyond it as an arrow at the
+    edge it passes, pointing out, with its value (and its name, of ``names``) written under it
+    in its colour, so that no point is hidden and none stretches the axis. Returns how many
+    points were beyond.
+
+    The written values have the gid ``"outside-value"``. Near either side of the axes a value
+    runs inwards; values of arrows close together stand one line apart, so none covers another.
+    """
+    ax.set_ylim(*limits)
+    names = [None] * len(colours) if names is None else list(names)
+    beyond = []
+    for xi, yi, colour, name in zip(x, y, colours, names, strict=True):
+        if np.isfinite(yi) and not limits[0] <= yi <= limits[1]:
+            # where the arrow stands across the axes (0 left, 1 right)
+            across = ax.transAxes.inverted().transform(ax.transData.transform((xi, limits[0])))
+            beyond.append((float(across[0]), xi, yi, colour, name))
+    renderer = (ax.figure.canvas if isinstance(ax.figure.canvas, FigureCanvasAgg)
+                else FigureCanvasAgg(ax.figure)).get_renderer()
+    placed: list = []  # the written values' boxes so far
+    for across, xi, yi, colour, name in sorted(beyond, key=lambda b: b[0]):
+        sign, edge = (-1, 1.0) if yi > limits[1] else (1, 0.0)
+        at = {"xy": (xi, edge), "xycoords": ("data", "axes fraction"),
+              "textcoords": "offset points", "annotation_clip": False}
+        ax.annotate("", xytext=(0, sign * 22), **at,
+                    arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1.2})
+        label = ax.annotate(f"{name} {yi:{fmt}}" if name else f"{yi:{fmt}}",
+                            xytext=(0, sign * 24), **at, color=colour,
+                            fontsize="small", va="top" if sign < 0 else "bottom",
+                            ha="left" if across < 0.2 else "right" if across > 0.8 else "center")
+        label.set_gid("outside-value")
+        for level in range(1, len(placed) + 1):  # one line further while it covers another
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            label.set_position((0, sign * (24 + 12 * level)))
+        placed.append(label.get_window_extent(renderer))
+    if beyond:
+        ax.text(0.99, 0.99, f"{len(beyond)} beyond the axis: arrows, values written",
+                transform=ax.transAxes, ha="right", va="top", fontsize="x-small",
+                color="0.35")
+    return len(beyond)
 
 
 def grid_shape(n: int, max_cols: int | None = None) -> tuple[int, int]:

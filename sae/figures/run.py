@@ -323,8 +323,11 @@ def feature_density_histogram(freq: np.ndarray) -> Figure:
               label=f"live units: {alive.size:,}")
     # log10(0) does not exist, so dead units get a bar of their own left of the axis range,
     # with its own tick, rather than vanishing from the histogram.
-    dead_x = lo - 0.6
-    ax.bar(dead_x, dead, width=0.4, color=_DEAD_COLOUR, label=f"dead units (frequency 0): {dead:,}")
+    # its distance from the first decade grows with the decades shown, so that the "dead" tick
+    # label keeps clear of the first decade's on a crowded axis
+    dead_x = lo - 0.6 - 0.06 * (hi - lo)
+    ax.bar(dead_x, dead, width=0.4 * max(1.0, (hi - lo) / 8), color=_DEAD_COLOUR,
+           label=f"dead units (frequency 0): {dead:,}")
     ticks = list(range(lo, hi + 1))
     ax.set_xticks([dead_x, *ticks], ["dead", *(str(t) for t in ticks)])
     ax.axvline(np.log10(_DENSE_THRESHOLD), color="0.3", ls="--", lw=1.0,

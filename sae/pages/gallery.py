@@ -332,7 +332,7 @@ def _gallery(args, extra: list[str], argv: list[str] | None) -> int:
     if comparisons_markdown(out) is not None:  # the published comparisons beside the gallery
         lines += [comparisons_markdown(out), ""]
     write_text(out / "README.md", "\n".join(lines))
-    write_text(out / "index.html", index_page(out, made.replace("`", ""), rows))
+    write_text(out / "index.html", index_page(out, made, rows))
     print(f"gallery written to {out}")
     return 0
 

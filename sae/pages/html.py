@@ -28,14 +28,16 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import io
+import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import jinja2
 from markupsafe import Markup
 
-__all__ = ["PAGE_CSS", "Section", "code_block", "figure", "fragment", "image_link", "inline_png",
-           "join", "link", "missing", "palette_png", "render_page", "table", "timestamp"]
+__all__ = ["PAGE_CSS", "Section", "code_block", "figure", "fragment", "image_link",
+           "inline_code", "inline_png", "join", "link", "missing", "palette_png", "render_page",
+           "table", "timestamp"]
 
 PAGE_CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
@@ -47,7 +49,7 @@ h3 { font-size: 1.05rem; margin-bottom: 0.3rem; }
 body { overflow-wrap: anywhere; }
 nav a { margin-right: 1rem; color: #2a5db0; }
 a { color: #2a5db0; }
-.scroll { overflow-x: auto; max-width: 100%; margin: 0.6rem 0;
+.scroll { overflow: auto; max-width: 100%; max-height: 85vh; margin: 0.6rem 0;
           /* shadows at an edge with more table beyond it: a wide table shows it scrolls */
           background: linear-gradient(to right, #fff 30%, rgba(255,255,255,0)),
                       linear-gradient(to left, #fff 30%, rgba(255,255,255,0)) 100% 0,
@@ -57,7 +59,18 @@ a { color: #2a5db0; }
           background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%,
                                                          12px 100%;
           background-attachment: local, local, scroll, scroll; }
-.scroll table { margin: 0; }
+.scroll table { margin: 0; border-collapse: separate; border-spacing: 0; }
+/* the header row and the first column (the model) stay in view while the table scrolls in its
+   box, either way */
+.scroll th { position: sticky; top: 0; z-index: 2; }
+.scroll td:first-child, .scroll th:first-child { position: sticky; left: 0; z-index: 1;
+                                                 background: #fff; }
+.scroll th:first-child { z-index: 3; background: #f4f4f4; }
+.scroll td.best:first-child { background: #e6f2e6; }
+/* a table's further columns, hidden until its "more columns" summary is opened */
+details.cols { margin: 0.4rem 0 0 0; }
+details.cols summary { cursor: pointer; color: #2a5db0; }
+details.cols:not([open]) + .scroll .more { display: none; }
 /* a table with many columns takes the window's width where that is wider than the text's */
 .scroll.wide { width: calc(100vw - 3rem); max-width: none;
                margin-left: calc(50% - 50vw + 1.5rem); }
@@ -81,7 +94,7 @@ td.best { font-weight: 700; background: #e6f2e6; }
   table.stack tr { border-bottom: 1px solid #ccc; padding: 0.3rem 0; }
   table.stack td { border: 0; padding: 0.05rem 0.3rem; white-space: normal; min-width: 0; }
   table.stack td::before { content: attr(data-label) ": "; color: #666; font-weight: 400; }
-  table.stack td:first-child { font-weight: 600; }
+  table.stack td:first-child { font-weight: 600; position: static; }
   table.stack .pm { display: inline; }
 }
 figure { margin: 0.6rem 0 1.6rem 0; }
@@ -135,9 +148,12 @@ _PAGE = ENV.from_string("""\
 """)
 
 _TABLE = ENV.from_string(
+    '{% if more %}<details class="cols"><summary>{{ more|length }} more columns: '
+    "{{ more|join(', ') }}</summary></details>{% endif %}"
     '<div class="scroll{% if wide %} wide{% endif %}">'
     '<table{% if stack %} class="stack"{% endif %}>'
-    '<tr class="head">{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'
+    '<tr class="head">{% for h in head %}<th{% if loop.index0 >= shown %} class="more"'
+    "{% endif %}>{{ h }}</th>{% endfor %}</tr>"
     "{% for row in rows %}<tr>{% for cls, text, spread in row %}"
     '<td{% if cls %} class="{{ cls }}"{% endif %}'
     '{% if stack %} data-label="{{ head[loop.index0] }}"{% endif %}>{{ text }}'
@@ -175,9 +191,15 @@ def render_page(title: str, heading: str, subtitle: str, sections: Sequence[Sect
             until opened: reference text (definitions) a reader opens when needed.
         footer: paragraphs after the last section: links elsewhere (other pages), which
             would push the page's own content down a phone's screen if they came first.
+
+    Text of ``intro``, ``notes`` and ``footer`` may be written as Markdown's `code spans`
+    (the same sentence serves a comparison.md): they are shown as ``<code>``
+    (:func:`inline_code`).
     """
-    return _PAGE.render(title=title, heading=heading, subtitle=subtitle, intro=list(intro),
-                        notes=list(notes), sections=list(sections), footer=list(footer),
+    return _PAGE.render(title=title, heading=heading, subtitle=subtitle,
+                        intro=[inline_code(t) for t in intro],
+                        notes=[(s, inline_code(t)) for s, t in notes], sections=list(sections),
+                        footer=[inline_code(t) for t in footer],
                         css=Markup(PAGE_CSS))
 
 
@@ -194,7 +216,7 @@ def join(parts: Iterable[str | Markup]) -> Markup:
 
 def table(head: Sequence[object], rows: Iterable[Sequence[object]],
           cell_class: Callable[[int, str], str | None] | None = None,
-          best: Collection[tuple[int, int]] = (), wide: bool = False,
+          best: Collection[tuple[int, int]] = (), wide: bool | int = False,
           stack: bool = False) -> Markup:
     """An HTML ``<table>``: a header row, then one row per item of ``rows``, in a box that
     scrolls sideways when the table is wider than the page (a phone).
@@ -206,25 +228,31 @@ def table(head: Sequence[object], rows: Iterable[Sequence[object]],
     grey notes) or None; the cells ``(row,
     column)`` of ``best`` (positions counted from 0, header excluded) are also marked ``best``
     (bold, shaded). A ``wide`` table's box spans the window rather than the text column (less
-    scrolling for a table of many columns on a large screen). A ``stack`` table is a table on a
+    scrolling for a table of many columns on a large screen); ``wide`` a number n: only its first
+    n columns show (put the main ones first) until the reader opens the summary above it that
+    names the others (a ``<details>``: no script). In every table the header row and the first
+    column stay in view while the table scrolls inside its box (sticky cells; the box is at most
+    85 % of the window high, so a long table scrolls there too). A ``stack`` table is a table on a
     wide screen and, on a narrow one (a phone), a list of its rows, each cell a line under its
     column's name: every column stays in view, none behind a sideways scroll.
     """
     marked = set(best)
+    head = [str(h) for h in head]
+    # a bool is an int: True and False show every column
+    shown = len(head) if isinstance(wide, bool) or wide >= len(head) else max(int(wide), 1)
 
     def cells(r: int, row: Sequence[object]) -> list[tuple[str | None, str]]:
         out = []
         for i, text in enumerate(str(v) for v in row):
             classes = [cell_class(i, text) if cell_class else None,
-                       "best" if (r, i) in marked else None]
+                       "best" if (r, i) in marked else None, "more" if i >= shown else None]
             mean, sep, spread = text.partition(" ± ")
             out.append((" ".join(c for c in classes if c) or None,
                         mean if sep else text, sep.strip() + " " + spread if sep else None))
         return out
 
-    return Markup(_TABLE.render(head=[str(h) for h in head],
-                                rows=[cells(r, row) for r, row in enumerate(rows)],
-                                wide=wide, stack=stack))
+    return Markup(_TABLE.render(head=head, rows=[cells(r, row) for r, row in enumerate(rows)],
+                                wide=bool(wide), stack=stack, shown=shown, more=head[shown:]))
 
 
 def inline_png(png: bytes, alt: str) -> Markup:
@@ -299,6 +327,20 @@ def link(href: str, text: str) -> Markup:
 def missing(text: str) -> Markup:
     """A highlighted note saying what a page cannot show yet, and why."""
     return fragment('<p class="missing">{}</p>', text)
+
+
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def inline_code(text: str | Markup) -> Markup:
+    """``text`` as written in Markdown with its `code spans` shown as ``<code>``: the one rule
+    for text that serves both a comparison.md and an HTML page, so no backtick reaches a reader
+    of the page. Everything else is escaped; a fragment comes back unchanged."""
+    if isinstance(text, Markup):
+        return text
+    parts = _CODE_SPAN.split(text)  # text, code, text, code, ..., text
+    return join(fragment("<code>{}</code>", part) if i % 2 else part
+                for i, part in enumerate(parts))
 
 
 def code_block(text: str) -> Markup:

@@ -10,5 +10,6 @@ sweep file and folder) is the command that ties them together.
 - :mod:`sae.sweep.matching`: every model at the same L0, and the verdict judged there;
 - :mod:`sae.sweep.display`: the tables as text, markdown and HTML;
 - :mod:`sae.sweep.plots`: the comparison figures (drawn with :mod:`sae.figures`' style);
-- :mod:`sae.sweep.render`: results.csv, comparison.md, comparison.html and the plots.
+- :mod:`sae.sweep.render`: results.csv, comparison.md, comparison.html and the plots;
+- :mod:`sae.sweep.folds`: what those pages fold below their verdict (definitions, columns).
 """

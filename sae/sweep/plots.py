@@ -30,7 +30,15 @@ from matplotlib.ticker import (
     PercentFormatter,
 )
 
-from sae.figures.common import empty_note, l0_edges, model_styles, seeds_note, styled
+from sae.figures.common import (
+    empty_note,
+    l0_edges,
+    mark_outside,
+    model_styles,
+    robust_limits,
+    seeds_note,
+    styled,
+)
 from sae.figures.labels import place_labels
 from sae.sweep.aggregate import PROBE_METRICS, config_label, exact_zeros
 
@@ -177,6 +185,21 @@ def _exact(part: pd.DataFrame) -> np.ndarray:
     return exact_zeros(part).to_numpy(bool)
 
 
+def _clip_outliers(ax: Axes, part: pd.DataFrame, metric: str,
+                   styles: dict[str, dict[str, object]], labels: list) -> list:
+    """Keep far outliers of ``<metric>_mean`` from stretching the y axis of ``ax``
+    (:func:`sae.figures.common.robust_limits`: Tukey's far-out fence, 3 IQR beyond the
+    quartiles): the axis holds the other points, each outlier is an arrow at the edge with its
+    value (:func:`sae.figures.common.mark_outside`). Returns ``labels`` without the outliers'."""
+    y = part[f"{metric}_mean"].to_numpy(float)
+    limits = robust_limits(y, part.get(f"{metric}_std"))
+    if limits is None:
+        return labels
+    mark_outside(ax, part["l0_mean_mean"].to_numpy(float), y,
+                 [styles[m]["color"] for m in part["model"]], limits, names=part["model"])
+    return [label for label in labels if limits[0] <= label[1] <= limits[1]]
+
+
 @styled
 def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
     """Reconstruction against sparsity: mean FVU over mean L0, one line per model.
@@ -194,7 +217,9 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
     that also uses units its L0 does not count, so it gets its own small axes below
     (``"loose:<dataset>"``): solid, its FVU; dashed with hollow points, its FVU at L0. Points are
     labelled with their λ or k where the label has room (line ends always). L0 is on a log axis
-    when every mean L0 is positive.
+    when every mean L0 is positive. A far outlier of the main axes (an FVU more than 3 IQR above
+    the upper quartile, :func:`sae.figures.common.robust_limits`) does not stretch them: it is
+    an arrow at the top edge with its model and FVU written.
     """
     data = summary.dropna(subset=["l0_mean_mean", "fvu_mean"])
     datasets = list(dict.fromkeys(summary["dataset"]))
@@ -224,7 +249,7 @@ def fvu_l0_pareto(summary: pd.DataFrame) -> Figure:
             order = _pareto_front(l0, err)
             ax.plot(l0[order], err[order], color="0.4", ls="--", lw=1.0,
                     drawstyle="steps-post", zorder=0, label="Pareto frontier")
-            pending.append((ax, labels))
+            pending.append((ax, _clip_outliers(ax, part, "fvu", styles, labels)))
         if not has_loose:
             continue
         inset = grid[1, j]

@@ -27,6 +27,7 @@ from pathlib import Path
 from sae.settings.config import DATASETS
 from sae.settings.metric_defs import METRIC
 from sae.sweep.analysis import DataCache, collect, raw_by_dataset, raw_probes, read_json
+from sae.sweep.folds import LEGEND_SUMMARY, fold_markdown, main_first
 from sae.sweep.launch import run_state
 from sae.sweep.spec import Run, Sweep
 from sae.system.io import read_text, write_bytes, write_text
@@ -55,8 +56,6 @@ FIGURE_FILES = {
                        "line is an L0 ranked by the input's energy alone.",
 }
 
-
-LEGEND_SUMMARY = "What the columns mean: mean ± std over seeds, on the test set (definitions)"
 
 
 def legend() -> str:
@@ -252,7 +251,7 @@ def see_also_html(pages: Sequence[tuple[str, str]]):
 
 _SEE_ALSO_HTML = re.compile(r"<p>See also: .*?</p>\n", re.S)
 _END_HTML = "</body>"  # the line is the page's footer (earlier pages had it in the intro)
-_FINISHED_MD = re.compile(r"\d+ of \d+ runs finished\. ")  # the paragraph before the line
+_FINISHED_MD = re.compile(r"\d+ of \d+ runs finished\.( |$)")  # the paragraph before the line
 
 
 def relink_page(page_dir: Path, datasets: Sequence[str]) -> list[Path]:
@@ -373,7 +372,7 @@ def comparison_markdown(sweep: Sweep, results, raw: dict[str, dict[str, float]],
         runs = links["runs"].get(dataset, [])
         if runs:
             parts += ["Run reports: " + ", ".join(f"[{t}]({h})" for t, h in runs), ""]
-    return "\n".join(parts)
+    return fold_markdown("\n".join(parts))
 
 
 def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
@@ -404,17 +403,23 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
         kl = kl_display(matched, dataset)
         missing = _kl_missing(kl)
         lines = findings(summary, judged, dataset)
+        every = summary_display(summary, dataset, raw.get(dataset))
+        order, n_main = main_first([str(c) for c in every.columns])
         body = [pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Verdict", _VERDICT_NOTE),
                 # every column of the verdict in view on a phone: a list of its rows there
                 to_html(verdict_display(judged, dataset), stack=True),
                 pages.fragment("<ul>{}</ul>", pages.join(
                     pages.fragment("<li>{}</li>", line) for line in lines)) if lines else "",
+                # the definitions, folded, once: below the first verdict, not above it
+                "" if sections else pages.fragment(
+                    '<details class="note"><summary>{}</summary><p>{}</p></details>',
+                    LEGEND_SUMMARY, legend()),
                 pages.fragment('<h3>{}</h3><p class="sub">{}</p>', "Headline",
                                headline_note(results)),
                 to_html(headline_display(results, dataset, sweep.targets)),
                 pages.fragment("<h3>{}</h3>", "Every configuration"),
-                to_html(summary_display(summary, dataset, raw.get(dataset)),
-                        best_cells(summary, dataset, judged), wide=True),
+                # the main columns first, the others behind a summary that opens them
+                to_html(every[order], best_cells(summary, dataset, judged), wide=n_main),
                 pages.fragment('<h3>{}</h3><p class="sub">{}</p>',
                                "vs KL-SAE at the nearest mean L0",
                                "Δ FVU < 0 and Δ probe > 0 favour the model. Δ FVU at L0 compares "
@@ -440,7 +445,8 @@ def comparison_html(sweep: Sweep, results, raw: dict[str, dict[str, float]],
     return pages.render_page(
         title=title, heading=title,
         subtitle=f"{n_done} of {n_runs} runs finished · generated {pages.timestamp()}",
-        intro=intro, notes=[(LEGEND_SUMMARY, legend())], sections=sections, footer=footer)
+        intro=intro, notes=[] if sections else [(LEGEND_SUMMARY, legend())],
+        sections=sections, footer=footer)
 
 
 def prepare_outputs(sweep_dir: Path, finished: list[Run], data: DataCache) -> None:
