@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_api import small
 from test_streamed import SOURCE_MODULE
 
 import sae
+from sae.api.saelens_format import NATIVE
 
 HAS_SAELENS = importlib.util.find_spec("sae_lens") is not None
 needs_saelens = pytest.mark.skipif(not HAS_SAELENS,
@@ -147,6 +150,9 @@ def test_the_export_cfg_carries_the_runs_hook_model_and_normalisation(tmp_path, 
     # the checkpoint inside the run folder names the same run
     again = sae.export(run / "checkpoints" / "last.ckpt", tmp_path / "lens2", format="saelens")
     assert json.loads((again / "cfg.json").read_text())["metadata"] == meta
+    # a SAELens folder passes its metadata on
+    third = sae.export(folder, tmp_path / "lens3", format="saelens")
+    assert json.loads((third / "cfg.json").read_text())["metadata"] == meta
     # a model object has no run to tell of
     bare = sae.export(small("topk"), tmp_path / "bare", format="saelens")
     assert json.loads((bare / "cfg.json").read_text())["metadata"]["hook_name"] is None
@@ -169,6 +175,59 @@ def test_an_image_run_names_its_dataset(tmp_path, data_dir):
                       .read_text())["metadata"]
     assert (meta["model_name"], meta["dataset_path"], meta["hook_name"]) == (
         "mnist", "mnist", None)
+
+
+def saelens_forward(cfg: dict, w: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAELens' inference pass (its StandardSAE, TopKSAE and JumpReLUSAE ``encode`` and
+    ``decode``, in float64) from a cfg.json dict and its tensors: (codes, reconstruction)."""
+    w = {k: v.double() for k, v in w.items()}
+    x = x.double()
+    pre = (x - w["b_dec"] * cfg["apply_b_dec_to_input"]) @ w["W_enc"] + w["b_enc"]
+    norm = w["W_dec"].norm(dim=-1)
+    rescale = cfg.get("rescale_acts_by_decoder_norm", False)
+    if cfg["architecture"] == "topk":
+        pre = pre * norm if rescale else pre
+        top = pre.topk(cfg["k"], dim=-1)
+        h = torch.zeros_like(pre).scatter_(-1, top.indices, top.values.relu())
+    elif cfg["architecture"] == "jumprelu":
+        h = pre.relu() * (pre > w["threshold"])
+    else:
+        h = pre.relu()
+    return h, (h / norm if rescale else h) @ w["W_dec"] + w["b_dec"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), architecture=st.sampled_from(NATIVE),
+       centred=st.booleans(), rescaled=st.booleans(), scale=st.floats(0.05, 2.0))
+def test_sae_load_computes_saelens_codes_from_any_native_folder(tmp_path_factory, seed,
+                                                               architecture, centred,
+                                                               rescaled, scale):
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    D, H = 10, 20
+    w = {"W_enc": torch.randn(D, H, generator=g) * scale, "b_enc": torch.randn(H, generator=g),
+         "W_dec": torch.randn(H, D, generator=g) * scale, "b_dec": torch.randn(D, generator=g)}
+    if architecture == "jumprelu":
+        w["threshold"] = torch.rand(H, generator=g) + 1e-3
+    cfg = {"architecture": architecture, "d_in": D, "d_sae": H, "apply_b_dec_to_input": centred,
+           "metadata": {"sae_lens_version": "6.5.0"}}
+    if architecture == "topk":
+        cfg.update(k=4, rescale_acts_by_decoder_norm=rescaled)
+    folder = tmp_path_factory.mktemp("native")
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    save_file(w, folder / "sae_weights.safetensors")
+    x = torch.randn(32, D, generator=g)
+    codes, x_hat = saelens_forward(cfg, w, x)
+    model = sae.load(folder)
+    with torch.no_grad():
+        got = model.encode(x).double()
+        # the same units fire (a tie within float32 rounding at the k-th value or a threshold
+        # has probability near 1e-6 here), with the same values to float32 rounding
+        assert torch.equal(got != 0, codes != 0)
+        assert (got - codes).abs().max() <= 1e-5 * (1 + codes.abs().max())
+        assert (model.decode(codes.float()).double() - x_hat).abs().max() <= 1e-5 * (
+            1 + x_hat.abs().max())
 
 
 def test_a_bad_saelens_folder_is_one_line(tmp_path):

@@ -94,9 +94,12 @@ def run_metadata(run) -> dict:
     """What ``run``'s folder records of the data it trained on, in SAELens' metadata fields:
     ``model_name`` and ``hook_name`` (a run on a network's layer: ``--source`` and ``--hook``),
     ``dataset_path`` (the image data set or the ``--data`` training file) and ``sae_data`` (the
-    run's ``data.json``); each ``None`` where nothing records it (a model object, an exported
-    folder)."""
+    run's ``data.json``); each ``None`` where nothing records it (a model object, a folder in
+    the toolkit's own format). A SAELens folder passes its own metadata on."""
     meta = {"model_name": None, "hook_name": None, "dataset_path": None}
+    if not isinstance(run, SparseAutoencoder) and Path(run).is_dir() \
+            and not (Path(run) / "config.yaml").exists():
+        return {**meta, **saelens_format.folder_metadata(Path(run))}
     folder = _run_folder(run)
     if folder is None:
         return meta
@@ -124,10 +127,8 @@ def _run_folder(run) -> Path | None:
     if isinstance(run, SparseAutoencoder):
         return None
     path = Path(run)
-    for folder in (path, path.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return folder
-    return None
+    folder = path.parent.parent if path.parent.name == "checkpoints" else path
+    return folder if (folder / "config.yaml").is_file() else None
 
 
 def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict, format: str,

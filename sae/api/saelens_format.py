@@ -124,6 +124,20 @@ def read_saelens(folder: Path) -> SparseAutoencoder:
     return _read_native(cfg, cfg_path, weights)
 
 
+def folder_metadata(folder: Path) -> dict:
+    """The ``metadata`` of the SAELens folder ``folder``'s cfg.json (what its model and data
+    were), without the SAELens versions, which the writer sets; {} where there is none."""
+    try:
+        cfg = json.loads(sae_io.read_text(folder / CFG_FILE, limit=MAX_CONFIG_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    meta = cfg.get("metadata") if isinstance(cfg, dict) else None
+    if not isinstance(meta, dict):
+        return {}
+    return {k: v for k, v in meta.items()
+            if k not in ("sae_lens_version", "sae_lens_training_version")}
+
+
 def _read_cfg(path: Path) -> dict:
     """cfg.json: a JSON object with an architecture, positive d_in and d_sae, and no run-time
     normalisation."""
