@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -51,12 +51,11 @@ class ToolkitSAEConfig(SAEConfig):
 
     sae_settings: dict[str, Any] = field(default_factory=dict)
     apply_b_dec_to_input: bool = False  # the toolkit model centres its input itself
+    mechanism: ClassVar[str] = ""  # set by each registered subclass
 
     @classmethod
     def architecture(cls) -> str:
         return PREFIX + cls.mechanism
-
-    mechanism = "sparsemax"  # overridden by each registered subclass
 
 
 class ToolkitSAE(SAE[ToolkitSAEConfig]):
@@ -67,6 +66,10 @@ class ToolkitSAE(SAE[ToolkitSAEConfig]):
 
     def initialize_weights(self) -> None:
         settings = self.cfg.sae_settings
+        if not isinstance(settings, dict) or not isinstance(settings.get("config"), dict) \
+                or settings["config"].get("model") != self.cfg.mechanism:
+            raise ValueError(f"{self.cfg.architecture()}: cfg.json's sae_settings do not "
+                             f"describe a {self.cfg.mechanism} model (written by sae.export)")
         config = ModelConfig.from_dict(settings["config"])
         with torch.device(self.device):  # the meta device while SAELens loads the weights
             self.model = build_model(config, data_var=float(settings["data_var"]))
