@@ -260,6 +260,13 @@ def test_a_bad_saelens_folder_is_one_line(tmp_path):
                         one_line_load_error(folder))
 
 
+def test_a_model_in_another_dtype_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(sae.ExportError, match=r"tensor \S+ is torch.float64, and sae.load "
+                                              r"reads torch.float32"):
+        sae.export(small("sparsemax").double(), tmp_path / "lens", format="saelens")
+    assert not (tmp_path / "lens").exists()
+
+
 def test_a_saelens_jumprelu_with_a_threshold_at_zero_is_refused_in_one_line(tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -75,19 +75,26 @@ def export(run: str | Path | SparseAutoencoder, folder: str | Path, format: str 
 
 
 def _own(model: SparseAutoencoder) -> tuple[dict, dict]:
-    with torch.device("meta"):  # the dtypes sae.load reads: those of the model as built
-        built = build_model(model.config, None, 1.0).state_dict()
+    _check_dtypes(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    for name, t in tensors.items():
-        if name in built and t.dtype != built[name].dtype:
-            raise ExportError(f"tensor {name} is {t.dtype}, and sae.load reads "
-                              f"{built[name].dtype}: convert the model back (model.float()) "
-                              "before exporting it")
     return tensors, {"format": FORMAT, "version": FORMAT_VERSION, "settings": model.settings}
 
 
 def _saelens(model: SparseAutoencoder, metadata: dict) -> tuple[dict, dict, dict | None]:
+    if saelens_format.architecture(model) not in saelens_format.NATIVE:
+        _check_dtypes(model)  # its own tensors, which sae.load reads in their exact dtypes
     return saelens_format.to_saelens(model, metadata)
+
+
+def _check_dtypes(model: SparseAutoencoder) -> None:
+    """Each tensor in the dtype of the model as built, which is what sae.load reads."""
+    with torch.device("meta"):
+        built = build_model(model.config, None, 1.0).state_dict()
+    for name, t in model.state_dict().items():
+        if name in built and t.dtype != built[name].dtype:
+            raise ExportError(f"tensor {name} is {t.dtype}, and sae.load reads "
+                              f"{built[name].dtype}: convert the model back (model.float()) "
+                              "before exporting it")
 
 
 def run_metadata(run) -> dict:
