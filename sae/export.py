@@ -1,22 +1,14 @@
 """``python -m sae.export RUN FOLDER --format sae|saelens``: the command of
 :func:`sae.api.export.export`.
 
-``import sae`` gives the function as ``sae.export``, and Python makes this module that
-attribute once it is imported (``import sae.export``, ``python -m``); so the module is
-callable and calls the function, and ``sae.export(...)`` means the same either way."""
+This module is the command only. In Python the function is ``sae.export`` (``import sae``),
+and it stays the function: importing this module would make Python rebind ``sae.export`` to
+it, so an import other than ``python -m`` is refused with one line naming the function."""
 
-import sys
-from types import ModuleType
+if __name__ != "__main__":
+    raise ImportError("sae.export is the command python -m sae.export; in Python call the "
+                      "function sae.export(...) after import sae (sae.api.export.export)")
 
-from sae.api.export import export, main
+from sae.api.export import main  # noqa: E402 - the command runs only as __main__
 
-
-class _CallableModule(ModuleType):
-    def __call__(self, *args, **kwargs):
-        return export(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+raise SystemExit(main())

@@ -263,13 +263,14 @@ def test_a_device_named_as_a_checkpoint_is_named(tmp_path):
         sae.load("/dev/zero")
 
 
-def test_a_saelens_folder_is_named_as_one(tmp_path):
+def test_a_saelens_folder_is_read_as_one(tmp_path):
     torch.manual_seed(0)
     config = SAEConfig(model="topk", input_dim=12, hidden=24, k=5)
     config.validate()
     model = build_model(config, torch.rand(12), 2.0, init_inputs=torch.rand(24, 12))
     folder = sae.export(model, tmp_path / "lens", format="saelens")
-    with pytest.raises(sae.LoadError, match="SAELens export"):
+    (folder / "cfg.json").unlink()
+    with pytest.raises(sae.LoadError, match=r"SAELens folder \S+ has no cfg.json$"):
         sae.load(folder)
 
 

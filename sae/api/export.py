@@ -5,22 +5,15 @@ Two formats:
 - ``"sae"`` (every mechanism): ``config.json`` (the model's settings and the SHA-256 of its
   weights) and ``model.safetensors`` (the inference model's tensors under their own names), which
   ``sae.load`` reads. No pickle: loading it cannot run code.
-- ``"saelens"``: SAELens' layout, ``cfg.json`` and ``sae_weights.safetensors`` with
-  ``W_enc`` [d_in, d_sae], ``b_enc`` [d_sae], ``W_dec`` [d_sae, d_in], ``b_dec`` [d_in], for the
-  mechanisms SAELens has:
-
-  =============  ===============  =================================================
-  mechanism      architecture     the code, as SAELens computes it
-  =============  ===============  =================================================
-  ``l1``         ``standard``     ReLU(a)
-  ``topk``       ``topk``         ReLU of the k largest entries of a (``k`` in cfg.json)
-  ``jumprelu``   ``jumprelu``     ReLU(a) · 1[a > θ] (``threshold`` [d_sae])
-  ``batchtopk``  ``jumprelu``     its inference code, a · 1[a > θ], θ its one threshold
-  =============  ===============  =================================================
-
-  with a = (x − b_dec) W_enc + b_enc and x̂ = h W_dec + b_dec, as here: the outputs agree to
-  float rounding. Other mechanisms, the ``mlp`` encoder and JumpReLU's input gain have no SAELens
-  architecture: ``ExportError`` says so in one line (``format="sae"`` keeps them).
+- ``"saelens"`` (every mechanism): SAELens' layout, ``cfg.json`` and
+  ``sae_weights.safetensors``, as ``sae.api.saelens_format`` writes it: SAELens' own
+  ``standard``, ``topk`` or ``jumprelu`` architecture where one computes the model's code
+  (``l1``, ``topk``, ``jumprelu``, ``batchtopk`` at inference), else the architecture
+  ``sae.<mechanism>`` that ``import sae.saelens`` registers with SAELens. ``cfg.json`` carries
+  what the run's records know of its data in ``metadata``: ``hook_name`` and ``model_name``
+  (``--hook`` and ``--source`` of a run on a network's layer), ``dataset_path`` (the image
+  data set or ``--data`` file) and ``sae_data`` (the run's ``data.json``); the toolkit trains on
+  its data as given, so ``normalize_activations`` is ``none``.
 
 Nothing is overwritten: the target folder must not exist or be empty. Both files are written
 atomically with the same mode, that of a new file under the user's umask (0644 under the usual
@@ -38,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from sae.api import saelens_format
 from sae.api.load import (
     CONFIG_FILE,
     FORMAT,
@@ -48,13 +42,14 @@ from sae.api.load import (
     file_sha256,
     load,
 )
+from sae.data.rundata import read_record
+from sae.data.streamed import PYTHON_SOURCE
 from sae.models import SparseAutoencoder, build_model
 from sae.system.io import write_bytes, write_text
 from sae.system.process import EXIT_FAILED, EXIT_USAGE
+from sae.training.runfolder import RunFolder, RunFolderError
 
 FORMATS = ("sae", "saelens")
-SAELENS_ARCHITECTURES = {"l1": "standard", "topk": "topk", "jumprelu": "jumprelu",
-                         "batchtopk": "jumprelu"}
 
 
 class ExportError(ValueError):
@@ -69,66 +64,89 @@ def export(run: str | Path | SparseAutoencoder, folder: str | Path, format: str 
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     model = run if isinstance(run, SparseAutoencoder) else load(run)
-    tensors, config = (_saelens if format == "saelens" else _own)(model)
+    if format == "saelens":
+        tensors, config, metadata = _saelens(model, run_metadata(run))
+    else:
+        (tensors, config), metadata = _own(model), None
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ExportError(f"{folder} already exists and is not an empty folder; nothing written")
-    return _write(folder, tensors, config, format)
+    return _write(folder, tensors, config, format, metadata)
 
 
 def _own(model: SparseAutoencoder) -> tuple[dict, dict]:
-    with torch.device("meta"):  # the dtypes sae.load reads: those of the model as built
-        built = build_model(model.config, None, 1.0).state_dict()
+    _check_dtypes(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    for name, t in tensors.items():
+    return tensors, {"format": FORMAT, "version": FORMAT_VERSION, "settings": model.settings}
+
+
+def _saelens(model: SparseAutoencoder, metadata: dict) -> tuple[dict, dict, dict | None]:
+    if saelens_format.architecture(model) not in saelens_format.NATIVE:
+        _check_dtypes(model)  # its own tensors, which sae.load reads in their exact dtypes
+    return saelens_format.to_saelens(model, metadata)
+
+
+def _check_dtypes(model: SparseAutoencoder) -> None:
+    """Each tensor in the dtype of the model as built, which is what sae.load reads."""
+    with torch.device("meta"):
+        built = build_model(model.config, None, 1.0).state_dict()
+    for name, t in model.state_dict().items():
         if name in built and t.dtype != built[name].dtype:
             raise ExportError(f"tensor {name} is {t.dtype}, and sae.load reads "
                               f"{built[name].dtype}: convert the model back (model.float()) "
                               "before exporting it")
-    return tensors, {"format": FORMAT, "version": FORMAT_VERSION, "settings": model.settings}
 
 
-def _saelens(model: SparseAutoencoder) -> tuple[dict, dict]:
-    config = model.config
-    name = config.model
-    architecture = SAELENS_ARCHITECTURES.get(name)
-    if architecture is None:
-        raise ExportError(f"SAELens has no architecture for --model {name} (it has "
-                          f"{', '.join(SAELENS_ARCHITECTURES)}); use format='sae'")
-    if config.arch != "linear":
-        raise ExportError(f"SAELens has no MLP encoder (this model's --arch is {config.arch}); "
-                          "use format='sae'")
-    if name == "jumprelu" and config.jumprelu_gain != "none":
-        raise ExportError("SAELens' JumpReLU has no input gain (this model's --jumprelu-gain "
-                          f"is {config.jumprelu_gain}); use format='sae'")
-    weights = {"W_enc": model.W_enc.detach().t(), "b_enc": model.b_enc.detach(),
-               "W_dec": (model.W_dec * model.code_scale).detach().t(),
-               "b_dec": model.b_dec.detach()}
-    H = config.hidden
-    if name == "jumprelu":
-        weights["threshold"] = model.thresholds().detach().expand(H)
-    elif name == "batchtopk":
-        weights["threshold"] = model.threshold.detach().expand(H)
-    cfg = {"architecture": architecture, "d_in": config.input_dim, "d_sae": H,
-           "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True,
-           "normalize_activations": "none", "reshape_activations": "none",
-           "meta": {"model_name": None, "hook_name": None},
-           # ignored by SAELens, kept for the reader: what the SAE was trained as
-           "sae_settings": model.settings}
-    if architecture == "topk":
-        cfg["k"] = config.k
-    tensors = {k: v.float().cpu().contiguous().clone() for k, v in weights.items()}
-    return tensors, cfg
+def run_metadata(run) -> dict:
+    """What ``run``'s folder records of the data it trained on, in SAELens' metadata fields:
+    ``model_name`` and ``hook_name`` (a run on a network's layer: ``--source`` and ``--hook``),
+    ``dataset_path`` (the image data set or the ``--data`` training file) and ``sae_data`` (the
+    run's ``data.json``); each ``None`` where nothing records it (a model object, a folder in
+    the toolkit's own format). A SAELens folder passes its own metadata on."""
+    meta = {"model_name": None, "hook_name": None, "dataset_path": None}
+    if not isinstance(run, SparseAutoencoder) and Path(run).is_dir() \
+            and not (Path(run) / "config.yaml").exists():
+        return {**meta, **saelens_format.folder_metadata(Path(run))}
+    folder = _run_folder(run)
+    if folder is None:
+        return meta
+    record = read_record(folder) or {}
+    try:
+        settings = RunFolder(folder).settings()
+    except RunFolderError:
+        settings = {}
+    if record.get("streamed"):  # a (model, dataset) given to sae.train has no name to record
+        source = record.get("source")
+        meta.update(model_name=None if source == PYTHON_SOURCE else source,
+                    hook_name=record.get("hook"))
+    elif isinstance(record.get("train"), dict):
+        meta.update(model_name=record["train"].get("path"),
+                    dataset_path=record["train"].get("path"))
+    elif not settings.get("data") and not settings.get("source") and settings.get("dataset"):
+        meta.update(model_name=settings["dataset"], dataset_path=settings["dataset"])
+    if record:
+        meta["sae_data"] = record
+    return meta
 
 
-def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict, format: str) -> Path:
+def _run_folder(run) -> Path | None:
+    """The run folder of a run folder or of a checkpoint inside one (``checkpoints/*.ckpt``)."""
+    if isinstance(run, SparseAutoencoder):
+        return None
+    path = Path(run)
+    folder = path.parent.parent if path.parent.name == "checkpoints" else path
+    return folder if (folder / "config.yaml").is_file() else None
+
+
+def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict, format: str,
+           metadata: dict | None) -> Path:
+    """``metadata``: the weights file's own (the settings, which sae.load compares)."""
     from safetensors.torch import save  # only when a folder is written
 
     weights_name, config_name = ((WEIGHTS_FILE, CONFIG_FILE) if format == "sae"
-                                 else ("sae_weights.safetensors", "cfg.json"))
-    # the settings inside the weights file too (its hash covers them): sae.load compares them
-    metadata = ({SETTINGS_KEY: json.dumps(config["settings"], sort_keys=True)}
-                if format == "sae" else None)
+                                 else (saelens_format.WEIGHTS_FILE, saelens_format.CFG_FILE))
+    if format == "sae":  # the settings inside the weights file too (its hash covers them)
+        metadata = {SETTINGS_KEY: json.dumps(config["settings"], sort_keys=True)}
     folder.mkdir(parents=True, exist_ok=True)
     weights = write_bytes(folder / weights_name, save(tensors, metadata=metadata))
     if format == "sae":
@@ -154,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", help="run folder, checkpoint, or folder exported before")
     parser.add_argument("folder", type=Path, help="the new folder to write (must not hold files)")
     parser.add_argument("--format", choices=FORMATS, default="sae",
-                        help="sae: this toolkit's (sae.load reads it, every mechanism); "
-                             "saelens: SAELens' cfg.json and sae_weights.safetensors")
+                        help="sae: this toolkit's own; saelens: SAELens' cfg.json and "
+                             "sae_weights.safetensors (both: every mechanism, and sae.load "
+                             "reads them)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         folder = export(args.run, args.folder, args.format)

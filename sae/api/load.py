@@ -63,7 +63,9 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> SparseAutoenco
     """The trained SAE at ``path``, in eval mode on ``device``.
 
     ``path`` is a run folder (its ``checkpoints/last.ckpt``, the model its ``metrics.json``
-    measured), a checkpoint file, or a folder written by ``sae.export(..., format="sae")``.
+    measured), a checkpoint file, a folder written by ``sae.export(..., format="sae")``, or a
+    SAELens folder (``cfg.json``, ``sae_weights.safetensors``: the architectures
+    ``sae.api.saelens_format`` reads, among them every ``format="saelens"`` export).
     The model's settings are ``model.config`` (an ``sae.settings.config.SAEConfig``, every
     ``auto`` resolved) and ``model.settings`` (as saved). Raises ``LoadError`` (missing
     path, not a run, refused file, unknown or unavailable device) with a one-line reason.
@@ -114,9 +116,11 @@ def _read_folder(path: Path) -> SparseAutoencoder:
     if {CONFIG_FILE, WEIGHTS_FILE} <= entries or (
             "config.yaml" not in entries and entries & {CONFIG_FILE, WEIGHTS_FILE}):
         return read_exported(path)
-    if set(SAELENS_FILES) <= entries and "config.yaml" not in entries:
-        raise LoadError(f"{path} is a SAELens export, which sae.load does not read; load it "
-                        "with SAELens (sae_lens.SAE.load_from_disk)")
+    if "config.yaml" not in entries and entries & set(SAELENS_FILES):
+        # deferred: the SAELens layout imports this module
+        from sae.api.saelens_format import read_saelens
+
+        return read_saelens(path)
     run = RunFolder.open(path)
     if not os.path.lexists(run.checkpoint):
         raise LoadError(f"run folder {path} has no checkpoint yet "
@@ -181,21 +185,30 @@ def _check_weights_file(weights: Path, want: dict, sha256) -> None:
                         "changed or damaged")
 
 
-def _read_tensors(weights: Path, want: dict, settings: dict) -> dict[str, torch.Tensor]:
+def _read_tensors(weights: Path, want: dict, settings: dict, prefix: str = "",
+                  settings_file: Path | None = None) -> dict[str, torch.Tensor]:
     """The tensors of ``weights``, each checked (name, shape, exact dtype) from the header
-    before it is read; the settings the file was written with must be ``settings``."""
+    before it is read; the settings the file was written with must be ``settings`` (those of
+    ``settings_file``, config.json by default). ``prefix``: the file names each tensor
+    ``prefix + name`` (a SAELens folder of the toolkit's own architectures)."""
     from safetensors import SafetensorError, safe_open  # only for an exported folder
 
     try:
         with safe_open(str(weights), framework="pt") as f:
-            _check_metadata(weights, f.metadata(), settings)
-            names = set(f.keys())
+            _check_metadata(weights, f.metadata(), settings, settings_file)
+            keys = set(f.keys())
+            outside = sorted(key for key in keys if not key.startswith(prefix))
+            if outside:
+                raise LoadError(f"{weights} holds tensors not under {prefix!r} "
+                                f"({str(outside[:3])[:120]})")
+            names = {key[len(prefix):] for key in keys}
             if names != set(want):
                 missing, extra = sorted(set(want) - names), sorted(names - set(want))
                 raise LoadError(f"{weights} does not hold this model's tensors "
                                 f"(missing {missing[:3]}, unexpected {str(extra[:3])[:120]})")
             for name in sorted(names):
-                shape, dtype = tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()
+                piece = f.get_slice(prefix + name)
+                shape, dtype = tuple(piece.get_shape()), piece.get_dtype()
                 if shape != tuple(want[name].shape):
                     raise LoadError(f"{weights}: tensor {name} has shape {shape}, the model's "
                                     f"is {tuple(want[name].shape)}")
@@ -203,7 +216,7 @@ def _read_tensors(weights: Path, want: dict, settings: dict) -> dict[str, torch.
                     raise LoadError(f"{weights}: tensor {name} is {str(dtype)[:20]}, the "
                                     f"model's is {want[name].dtype} "
                                     f"({SAFETENSORS_DTYPES.get(want[name].dtype)})")
-            return {name: f.get_tensor(name) for name in names}
+            return {name: f.get_tensor(prefix + name) for name in names}
     except LoadError:
         raise
     except (SafetensorError, OSError, ValueError, RuntimeError, TypeError, KeyError,
@@ -212,7 +225,8 @@ def _read_tensors(weights: Path, want: dict, settings: dict) -> dict[str, torch.
                         f"{' '.join(str(e).split())[:160]})") from None
 
 
-def _check_metadata(weights: Path, metadata: dict | None, settings: dict) -> None:
+def _check_metadata(weights: Path, metadata: dict | None, settings: dict,
+                    settings_file: Path | None = None) -> None:
     """The settings ``sae.export`` wrote into the weights file (which its hash covers) are
     those of ``config.json``: an edited model or size there is refused. A folder exported by an
     earlier version has none to compare."""
@@ -224,8 +238,9 @@ def _check_metadata(weights: Path, metadata: dict | None, settings: dict) -> Non
     except (ValueError, TypeError, RecursionError):
         same = False
     if not same:
-        raise LoadError(f"{weights.parent / CONFIG_FILE}: its settings are not those "
-                        f"{weights.name} was exported with (edited or mixed up)")
+        where = settings_file or weights.parent / CONFIG_FILE
+        raise LoadError(f"{where}: its settings are not those {weights.name} was exported "
+                        "with (edited or mixed up)")
 
 
 def _canonical_json(value) -> str:
