@@ -161,19 +161,38 @@ def test_several_hooks_share_passes_and_each_run_is_that_hooks_alone(tmp_path):
     (["--hook", HOOK, "--source", "sequence_net:short_mask_factory"],
      "the dataset's mask has shape (5,) per input, the layer's outputs 8 positions"),
     (["--hook", f"{HOOK},{HOOK}"], f"--hook {HOOK},{HOOK}: name each layer once"),
+    (["--hook", f"{HOOK},nope"], "has no layer 'nope'"),
+    (["--hook", f"{HOOK},summary", "--strategy", "ddp"], "one --hook per command"),
 ])
 def test_bad_input_is_one_line_before_any_folder(tmp_path, data_dir, args, message):
-    if "--source" not in args:
-        args = [*args, "--source", "sequence_net:factory"]
-    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-m", "sae.run", *args, "--out",
-                           str(tmp_path / "run"), "--epochs", "1"], capture_output=True,
-                          text=True, env=cli_env(tmp_path, data_dir, PYTHONPATH=path),
-                          cwd=tmp_path, timeout=300)
+    done = cli(tmp_path, data_dir, [*args, "--out", str(tmp_path / "run"), "--epochs", "1"])
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     assert not (tmp_path / "run").exists()
+
+
+def cli(tmp_path, data_dir, args):
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "sae.run", "--source", "sequence_net:factory",
+                           *args], capture_output=True, text=True,
+                          env=cli_env(tmp_path, data_dir, PYTHONPATH=path), cwd=tmp_path,
+                          timeout=600)
+
+
+def test_the_command_trains_several_hooks_into_a_folder_each(tmp_path, data_dir):
+    done = cli(tmp_path, data_dir, ["--hook", f"{HOOK},encoder.layers.1", "--out", "runs/both",
+                                    "--epochs", "1", "--val-size", "40", "--limit-test", "40",
+                                    "--hidden", "32", "--model", "topk", "--k", "4",
+                                    "--no-figures", "--no-features", "--no-report"])
+    assert done.returncode == 0, done.stderr
+    assert "reading 2 layers in one pass over the inputs" in done.stdout
+    both = tmp_path / "runs" / "both"
+    assert sorted(p.name for p in both.iterdir()) == [HOOK, "encoder.layers.1"]  # no row files
+    for hook in (HOOK, "encoder.layers.1"):
+        record = json.loads((both / hook / "data.json").read_text())
+        assert (record["hook"], record["sequence"]) == (hook, T)
+        assert 0 < json.loads((both / hook / "metrics.json").read_text())["fvu"] < 1
 
 
 def test_the_helper_refuses_bad_positions_and_masks():

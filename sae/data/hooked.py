@@ -75,10 +75,11 @@ def parts_of(item) -> Item:
                     None if mask is None else torch.as_tensor(mask).bool())
     if not isinstance(item, tuple | list):
         return Item(torch.as_tensor(item))
-    rest = list(item[1:3])
-    mask = next((v for v in rest if isinstance(v, torch.Tensor) and v.dtype == torch.bool
-                 and v.dim() >= 1), None)
-    label = next((v for v in rest if v is not mask and is_label(v)), None)
+    mask = next((v for v in item[1:3] if isinstance(v, torch.Tensor)
+                 and v.dtype == torch.bool and v.dim() >= 1), None)
+    # the label is the second value, or the third after a mask
+    after = item[1:2] if len(item) < 2 or item[1] is not mask else item[2:3]
+    label = after[0] if after and is_label(after[0]) else None
     return Item(torch.as_tensor(item[0]), None if label is None else int(label), mask)
 
 
@@ -108,9 +109,9 @@ def batch(dataset, positions, stop: threading.Event | None = None) -> Item:
     if isinstance(dataset, TensorDataset):
         index = torch.from_numpy(positions)
         tensors = dataset.tensors
-        label = next((t for t in tensors[1:3] if t.dtype != torch.bool and is_label(t[:1])),
-                     None)
         mask = _tensor_mask(tensors)
+        after = tensors[1:2] if len(tensors) < 2 or tensors[1] is not mask else tensors[2:3]
+        label = after[0] if after and is_label(after[0][:1]) else None
         return Item(tensors[0][index], None if label is None else label[index],
                     None if mask is None else mask[index])
     items = [parts_of(dataset[int(i)]) for i in positions if not _cancelled(stop)]

@@ -22,6 +22,8 @@ from sae.system.process import EXIT_USAGE, STOPS, interrupted, raise_terminated
 def hooks_of(argv: list[str]) -> list[str]:
     """The layers ``argv``'s --hook names (one, or several comma-separated); [] when its
     settings do not check (the run's own checks then say why)."""
+    if not any("," in arg for arg in argv) and "--config" not in argv:
+        return []  # several layers come from a flag or a settings file: none here
     try:
         hook = run_config(argv).data.hook
     except UsageError:
@@ -60,6 +62,11 @@ def run_hooks(argv: list[str], run_one) -> int | None:
         print("error: --hook with several layers reads a model's layers: give --source",
               file=sys.stderr)
         return EXIT_USAGE
+    if _several_processes(config.hardware):
+        print("error: --hook with several layers trains them one after the other in one "
+              "process: give one --hook per command to train on several devices or "
+              "processes", file=sys.stderr)
+        return EXIT_USAGE
     out = Path(config.folder.out)
     rows, made = None, not out.exists()
     try:
@@ -81,6 +88,16 @@ def run_hooks(argv: list[str], run_one) -> int | None:
             sys.modules["sae.data.rowcache"].release(config.data.source, rows)
         if made and out.is_dir() and not any(out.iterdir()):  # no run began in it
             out.rmdir()
+
+
+def _several_processes(hardware) -> bool:
+    """Whether the hardware settings ask for more than one training process (DDP, FSDP,
+    several devices or machines), which would each start the command again."""
+    devices = hardware.devices
+    count = len(devices) if isinstance(devices, list | tuple) else \
+        devices if isinstance(devices, int) else 1
+    return any(s in hardware.strategy for s in ("ddp", "fsdp")) or hardware.num_nodes > 1 \
+        or count > 1 or count == -1
 
 
 def _dump(config, hooks: list[str], out: Path) -> Path:
