@@ -4,6 +4,7 @@ from shared passes, sae.layer_activations, and bad input as one line."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,5 +221,7 @@ def test_the_sequence_models_example_of_the_library_docs_runs(tmp_path, monkeypa
     scope: dict = {}
     exec(compile(code, "library.md", "exec"), scope)  # noqa: S102 - the docs' own example
     assert scope["codes"].shape == (80, 32)
-    assert json.loads((tmp_path / "runs" / "tiny-layer-1" / "data.json").read_text())[
-        "sequence"] == 8
+    run = tmp_path / "runs" / "tiny-layer-1"
+    assert json.loads((run / "data.json").read_text())["sequence"] == 8
+    # the feature browser shows a row as its input and position, the tokens around it
+    assert re.search(r"input \d+ · position \d+: [^<]*\[\d+\]", (run / "features.html").read_text())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sae.settings.cli import UsageError, run_config
 from sae.system.process import EXIT_USAGE, STOPS, interrupted, raise_terminated
+from sae.training import runfolder
 
 
 def hooks_of(argv: list[str]) -> list[str]:
@@ -75,6 +76,7 @@ def run_hooks(argv: list[str], run_one) -> int | None:
         for hook in hooks:
             print(f"layer {hook}: {out / hook}", flush=True)
             code = run_one([*rest, "--hook", hook, "--out", str(out / hook)])
+            runfolder.release(out / hook)  # its run is over: the caller may resume or read it
             if code != 0:
                 return code
         return 0
