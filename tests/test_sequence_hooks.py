@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 import torch
 from cli_helpers import cli_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sequence_net import D, T, Tiny, padded, tokens
 from torch.utils.data import TensorDataset
 
 import sae
 from sae.data.matrixdata import BLOCK_BYTES, BlockShuffle
 from sae.data.streamed import StreamedDataModule, register_python_source, release_python_source
+from sae.data.tokens import RowLayout, TokenShuffle
 
 HOOK = "encoder.layers.0"
 SETTINGS = {"hidden": 32, "model": "topk", "k": 4, "batch_size": 32, "no_figures": True,
@@ -225,3 +228,25 @@ def test_the_sequence_models_example_of_the_library_docs_runs(tmp_path, monkeypa
     assert json.loads((run / "data.json").read_text())["sequence"] == 8
     # the feature browser shows a row as its input and position, the tokens around it
     assert re.search(r"input \d+ · position \d+: [^<]*\[\d+\]", (run / "features.html").read_text())
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=40), chunk=st.integers(1, 9),
+       seed=st.integers(0, 2**16), epoch=st.integers(0, 3))
+def test_the_buffers_order_is_whole_inputs_per_chunk_rows_shuffled_within(counts, chunk, seed,
+                                                                          epoch):
+    layout = RowLayout(np.array(counts))
+    shuffle = TokenShuffle(layout, chunk, seed)
+    shuffle.set_epoch(epoch)
+    order = shuffle.epoch_order(epoch)
+    assert sorted(order.tolist()) == list(range(len(layout)))  # every row once
+    assert list(iter(shuffle)) == order.tolist()  # what the loader draws is this order
+    start = 0
+    while start < len(order):
+        end = shuffle.span(start, chunk)
+        assert shuffle.chunk_of(int(order[start]), chunk) == (epoch, start)
+        inputs = layout.inputs_of(order[start:end])
+        held = set(inputs.tolist())
+        assert len(held) <= chunk  # at most `chunk` inputs, each with all its rows
+        assert sum(counts[i] for i in held) == end - start
+        start = end
