@@ -1,6 +1,12 @@
 """A model's layer read with a forward hook (``--source`` / ``--hook``): the inputs of a map-style
-dataset, at most ``--buffer-rows`` of them a forward pass, the layer's outputs as real rows; and
-the chunk of rows computed ahead in a thread of its own (:mod:`sae.data.streamed` uses both).
+dataset, at most ``--buffer-rows`` of them a forward pass, the layer's outputs as real rows (one
+per input, or one per position ``--positions`` keeps of a [B, T, D] output, :func:`select`);
+several layers from one pass (:func:`capture`); and the chunk of rows computed ahead in a thread
+of its own (:mod:`sae.data.streamed` uses both).
+
+An item is an input, ``(input, label)``, ``(input, mask)``, ``(input, mask, label)`` or a dict
+with ``attention_mask`` (:func:`parts_of`): the mask, true at a real position, chooses the rows
+of ``--positions mask`` and the last position of ``last``.
 
 The thread is a daemon that blocks on nothing but its computation, so it never delays the end of
 a process, and a cancel stops an item-by-item read at its next item."""
