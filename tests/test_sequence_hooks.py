@@ -42,7 +42,7 @@ def test_a_sequence_layer_is_one_row_per_position_shuffled_across_inputs():
         dm = streamed((net, TensorDataset(x)))
         n = len(dm.train_index)
         assert dm.train_x.shape == (n * T, D) and dm.val_x.shape == (40 * T, D)
-        # rows are numbered input by input, position by position: the helper's rows
+        # rows are numbered input by input, position by position: sae.layer_activations' rows
         torch.testing.assert_close(dm.train_x.fetch(np.arange(n * T)),
                                    sae.layer_activations(net, HOOK, x[dm.train_index]))
         order = dm.sampler(n * T).epoch_order(0)
@@ -199,7 +199,7 @@ def test_the_command_trains_several_hooks_into_a_folder_each(tmp_path, data_dir)
         assert 0 < json.loads((both / hook / "metrics.json").read_text())["fvu"] < 1
 
 
-def test_the_helper_refuses_bad_positions_and_masks():
+def test_layer_activations_refuses_bad_positions_and_masks():
     net, x = Tiny(), tokens(10)
     with pytest.raises(ValueError, match="positions must be one of all, last, mask"):
         sae.layer_activations(net, HOOK, x, positions="every")
