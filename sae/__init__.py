@@ -11,7 +11,8 @@ mechanism.
 
 __version__ = "0.1.0"
 
-__all__ = ["ExportError", "LoadError", "TrainingFailed", "export", "load", "train"]
+__all__ = ["ExportError", "LoadError", "TrainingFailed", "export", "layer_activations", "load",
+           "train"]
 
 
 def __getattr__(name: str):

@@ -87,14 +87,16 @@ def _checked_types(given: dict) -> dict:
     return given
 
 
-def train(config: RunConfig | None = None, **settings) -> Path:
+def train(config: RunConfig | None = None, **settings) -> Path | list[Path]:
     """Train one SAE; returns its run folder.
 
     ``settings``: ``python -m sae.run``'s settings by field name (``model``, ``hidden``,
     ``lam``, ``k``, ``epochs``, ``dataset`` or ``data``, ``out``, ``resume``, ...); ``config``:
     a ``RunConfig`` instead (keywords given beside it replace its values). ``source`` may
     also be a ``(model, dataset)`` pair, with ``hook`` the layer to read while the model runs
-    (``sae.data.streamed``); resume such a run with the same pair and ``resume="last"``. A
+    (``sae.data.streamed``); resume such a run with the same pair and ``resume="last"``.
+    ``hook=["a", "b"]`` trains one SAE per layer from shared forward passes and returns their
+    folders, ``out/a`` and ``out/b`` (:mod:`sae.runner.hooks`). A
     bad setting raises ``ValueError`` with the command's one-line message; a run that does not
     finish raises ``TrainingFailed``.
     """
@@ -104,6 +106,9 @@ def train(config: RunConfig | None = None, **settings) -> Path:
     given = {**(config.settings() if config is not None else {}), **settings}
     if given.get("source") is not None and not isinstance(given["source"], str):
         given["source"] = register_python_source(given["source"])  # a (model, dataset)
+    hooks = given.get("hook")
+    if isinstance(hooks, list | tuple):  # several layers: a run folder each, under out
+        given["hook"] = ",".join(map(str, hooks))
     unknown = sorted(name for name in given if name not in SETTINGS)
     if unknown:
         raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
@@ -131,4 +136,4 @@ def train(config: RunConfig | None = None, **settings) -> Path:
         reason = lines.line()
         raise TrainingFailed(f"training did not finish (exit {code}): {reason}" if reason else
                              f"training did not finish (exit {code})", code, reason)
-    return out
+    return [out / hook for hook in hooks] if isinstance(hooks, list | tuple) else out

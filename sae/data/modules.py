@@ -17,7 +17,8 @@ def data_module(settings: dict, **extra):
     if get("source"):
         return StreamedDataModule(get("source"), get("hook"), val_size=get("val_size", 5000),
                                   limit_train=get("limit_train"), limit_test=get("limit_test"),
-                                  buffer_rows=get("buffer_rows", 8192), **extra)
+                                  buffer_rows=get("buffer_rows", 8192),
+                                  positions=get("positions", "all"), **extra)
     if get("data"):
         return MatrixDataModule(get("data"), val_size=get("val_size", 5000),
                                 limit_train=get("limit_train"), limit_test=get("limit_test"),

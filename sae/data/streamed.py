@@ -5,7 +5,11 @@ A source is a model and the inputs it runs on: ``factory()`` of ``--source pkg.m
 dataset, "test": dataset})``, each dataset map-style (``len`` and ``dataset[i]``), each item an
 input tensor or ``(input, label, ...)``. The layer ``--hook`` names (as ``model.named_modules()``
 names it) is read with a forward hook, the model in eval mode and without gradients; the rest of
-the forward pass is skipped. A row is the layer's output for one input, flattened.
+the forward pass is skipped. A row is the layer's output for one input, flattened; a layer of
+positions ([B, T, D]) gives a row per position ``--positions`` keeps (:mod:`sae.data.tokens`:
+the chunks are then of whole inputs, their rows shuffled among themselves), and
+``--hook a,b,c`` reads its layers' rows from the row files of one shared pass
+(:mod:`sae.data.rowcache`).
 
 **Training rows are computed as they are needed**, never written to disk: the epoch's order (the
 same seeded order as every data module's, :class:`sae.data.images.EpochShuffle`) is cut into
@@ -59,8 +63,10 @@ from sae.data.hooked import (
 from sae.data.images import EpochShuffle, IndexedLoaders
 from sae.data.matrix import MAX_CLASSES
 from sae.data.matrixdata import PCA_ROWS, TrainMoments
+from sae.data.rowcache import cached_reader
 from sae.data.rundata import read_record
 from sae.data.scan import moments, sums
+from sae.data.tokens import RowLayout, TokenShuffle, row_counts, row_texts
 from sae.metrics import principal_components
 from sae.settings.cli import UsageError
 
@@ -170,26 +176,28 @@ class StreamedRows:
     are asked for."""
 
     def __init__(self, reader: LayerReader, dataset, index: np.ndarray, width: int,
-                 sampler: BufferedShuffle, chunk: int):
+                 sampler: BufferedShuffle | TokenShuffle, chunk: int,
+                 layout: RowLayout | None = None):
         self.reader, self.dataset, self.index = reader, dataset, np.asarray(index)
+        self.layout = layout  # a layer of positions: rows per input (None: one each)
         self.width, self.sampler, self.chunk = width, sampler, max(1, int(chunk))
         self._key, self._order = None, np.zeros(0, dtype=np.int64)  # the chunk's positions
-        self._slot = np.full(len(self.index), -1, dtype=np.int64)  # position -> row of block
+        self._slot = np.full(len(self), -1, dtype=np.int64)  # position -> row of block
         self._block = torch.zeros(0, width)
         self._ahead: Ahead | None = None  # the chunk computed in the background
         self._closed = False  # after close(): rows computed as asked, none ahead
         _OPEN.add(self)
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.index) if self.layout is None else len(self.layout)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (len(self.index), self.width)
+        return (len(self), self.width)
 
     def __getitem__(self, i) -> torch.Tensor:
         if isinstance(i, slice):
-            positions = np.arange(len(self.index))[i]
+            positions = np.arange(len(self))[i]
         elif isinstance(i, int | np.integer):
             return self[[int(i)]][0]
         else:
@@ -204,13 +212,19 @@ class StreamedRows:
             return self._block[torch.from_numpy(slots)]
         out = torch.empty(len(positions), self.width)
         out[torch.from_numpy(held)] = self._block[torch.from_numpy(slots[held])]
-        out[torch.from_numpy(~held)] = self.reader.rows(self.dataset,
-                                                        self.index[positions[~held]])[0]
+        out[torch.from_numpy(~held)] = self.fetch(positions[~held])
         return out
+
+    def fetch(self, positions: np.ndarray, stop: threading.Event | None = None
+              ) -> torch.Tensor:
+        """The rows at ``positions`` [n, D], computed now."""
+        if self.layout is None:
+            return self.reader.rows(self.dataset, self.index[positions], stop)[0]
+        return self.layout.fetch(self.reader, self.dataset, self.index, positions, stop)
 
     def _compute(self, order: np.ndarray, stop: threading.Event | None = None
                  ) -> tuple[np.ndarray, torch.Tensor]:
-        return order, self.reader.rows(self.dataset, self.index[order], stop)[0]
+        return order, self.fetch(order, stop)
 
     def close(self, wait: bool = True) -> None:
         """No chunk is computed ahead from now on; the one in flight is cancelled and, with
@@ -234,13 +248,14 @@ class StreamedRows:
         else:
             if ahead is not None:  # not the chunk asked for: one computation at a time
                 ahead.cancel()
-            order, block = self._compute(self.sampler.epoch_order(epoch)[start:start +
-                                                                          self.chunk])
+            order, block = self._compute(self.sampler.epoch_order(epoch)[
+                start:self.sampler.span(start, self.chunk)])
         self._slot[order] = np.arange(len(order))
         self._key, self._order, self._block = where, order, block
-        following = start + self.chunk
-        if following < len(self.index) and not self._closed:  # the next chunk, meanwhile
-            order = self.sampler.epoch_order(epoch)[following:following + self.chunk].copy()
+        following = self.sampler.span(start, self.chunk)
+        if following < len(self) and not self._closed:  # the next chunk, meanwhile
+            order = self.sampler.epoch_order(epoch)[
+                following:self.sampler.span(following, self.chunk)].copy()
             self._ahead = Ahead((epoch, following), self._compute, order)
 
 
@@ -274,6 +289,10 @@ class BufferedShuffle(EpochShuffle):
         place = int(self._place[position])
         return (self.epoch, place - place % chunk)
 
+    def span(self, start: int, chunk: int) -> int:
+        """Where the chunk that starts at ``start`` ends."""
+        return start + chunk
+
 
 class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
     """Train / validation / test rows of a source's layer (see the module docstring)."""
@@ -285,9 +304,10 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
 
     def __init__(self, source: str, hook: str, batch_size: int = 256, val_size: int = 5000,
                  split_seed: int = 0, limit_train: int | None = None,
-                 limit_test: int | None = None, shuffle_seed: int = 0, buffer_rows: int = 8192):
+                 limit_test: int | None = None, shuffle_seed: int = 0, buffer_rows: int = 8192,
+                 positions: str = "all"):
         super().__init__()
-        self.source, self.hook = source, hook
+        self.source, self.hook, self.positions = source, hook, positions
         self.batch_size, self.val_size, self.split_seed = batch_size, val_size, split_seed
         self.limit_train, self.limit_test = limit_train, limit_test
         self.shuffle_seed, self.buffer_rows = shuffle_seed, buffer_rows
@@ -305,7 +325,9 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         if self._loaded:
             return
         model, train, test, layer = self.open()
-        self.reader = LayerReader(model, layer, _device_of(model), self.buffer_rows, self.hook)
+        # --hook a,b,c: the layer's rows were read with the others', into a row file
+        self.reader = cached_reader(self.source, self.hook) or LayerReader(
+            model, layer, _device_of(model), self.buffer_rows, self.hook, self.positions)
         n = len(train)
         carved = 1 if test is not None else 2
         if not 0 < self.val_size or carved * self.val_size >= n:
@@ -318,12 +340,21 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         if self.limit_train:
             rest = rest[: self.limit_train]
         self.train_index = np.sort(rest)
-        self.val_x, val_y = self.reader.rows(train, np.sort(perm[:v]))
+        sequence = self.reader.read(train, self.train_index[:1]).sequence
+        if sequence is not None:  # rows per position: a pass holds --buffer-rows rows
+            self.reader.most = max(1, self.buffer_rows // (1 if self.positions == "last" else
+                                                           sequence))
+        val = self.reader.read(train, np.sort(perm[:v]))
+        self.val_x, val_y = val.rows, val.labels
         test_set, test_idx = (test, np.arange(len(test))) if test is not None else \
             (train, np.sort(perm[v:2 * v]))
         if self.limit_test:
             test_idx = test_idx[: self.limit_test]
-        self.test_x, test_y = self.reader.rows(test_set, test_idx)
+        read = self.reader.read(test_set, test_idx)
+        self.test_x, test_y = read.rows, read.labels
+        if sequence is not None:  # what the feature browser shows of each row
+            self.test_texts = row_texts(test_set, test_idx, read.inputs, read.positions)
+            test_idx = test_idx[read.inputs]
         self._check_finite((self.val_x, self.test_x), "the validation and test inputs")
         self.has_labels = val_y is not None and test_y is not None
         self.class_names = _class_names((val_y, test_y), len(self.train_index), self.source) \
@@ -331,17 +362,28 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         self.val_y = val_y if self.has_labels else torch.zeros(len(self.val_x), dtype=torch.long)
         self.test_y = test_y if self.has_labels else torch.zeros(len(self.test_x),
                                                                  dtype=torch.long)
-        self.test_row_numbers = test_idx
-        self.test_images = _images(test_set, test_idx)
+        self.test_row_numbers = test_idx  # each test row's input
+        self.test_positions = read.positions  # and its position (0 without positions)
+        self.test_images = _images(test_set, test_idx) if sequence is None else None
         self.dataset = f"{type(model).__name__}.{self.hook}"
-        width = self.val_x.shape[1]
-        self._sampler = BufferedShuffle(len(self.train_index), self.shuffle_seed)
-        self.train_x = StreamedRows(self.reader, train, self.train_index, width, self._sampler,
-                                    self.buffer_rows)
-        # labels of training rows are only used for probes on the training split: read lazily
-        self.train_y = _Labels(train, self.train_index, self.has_labels)
+        self._train_rows(train, self.val_x.shape[1], sequence)
         self._loaded = True
         self._moments()  # here, where a SourceError is the run's one line: NaN or Inf rows
+
+    def _train_rows(self, train, width: int, sequence: int | None) -> None:
+        """The training rows, streamed: a row per input, or per kept position of a layer of
+        positions (:mod:`sae.data.tokens`), and their labels (read lazily: only probes on the
+        training split use them)."""
+        layout = None
+        if sequence is None:
+            self._sampler = BufferedShuffle(len(self.train_index), self.shuffle_seed)
+        else:
+            layout = RowLayout(row_counts(train, self.train_index, self.positions, sequence,
+                                          self.reader.most))
+            self._sampler = TokenShuffle(layout, self.reader.most, self.shuffle_seed)
+        self.train_x = StreamedRows(self.reader, train, self.train_index, width, self._sampler,
+                                    self.buffer_rows, layout)
+        self.train_y = _Labels(train, self.train_index, self.has_labels, layout)
 
     def _check_finite(self, blocks, what: str) -> None:
         bad = sum(int((~torch.isfinite(rows)).sum()) for rows in blocks)
@@ -402,7 +444,7 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
     def _sample(self, n: int) -> _Sample:
         rows = len(self.train_x)
         pick = np.unique(np.linspace(0, rows - 1, min(rows, n)).round().astype(np.int64))
-        return _Sample(self.reader, self.train_x.dataset, self.train_index[pick])
+        return _Sample(self.train_x, pick)
 
     def train_pca(self):
         if self._pca is None:
@@ -412,16 +454,16 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
 
 
 class _Sample:
-    """Rows of the inputs at ``index``, computed a slice at a time as they are read."""
+    """The training rows at ``picked``, computed a slice at a time as they are read."""
 
-    def __init__(self, reader: LayerReader, dataset, index: np.ndarray):
-        self.reader, self.dataset, self.index = reader, dataset, index
+    def __init__(self, rows: StreamedRows, picked: np.ndarray):
+        self.rows, self.picked = rows, picked
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.picked)
 
     def __getitem__(self, i: slice) -> torch.Tensor:
-        return self.reader.rows(self.dataset, self.index[i])[0]
+        return self.rows.fetch(self.picked[i])
 
 
 def _class_names(labels, rows: int, ref: str) -> list[str]:
@@ -443,17 +485,21 @@ def _class_names(labels, rows: int, ref: str) -> list[str]:
 class _Labels:
     """Training labels, read from the dataset's items when asked for (0 without labels)."""
 
-    def __init__(self, dataset, index: np.ndarray, has_labels: bool):
+    def __init__(self, dataset, index: np.ndarray, has_labels: bool,
+                 layout: RowLayout | None = None):
         self.dataset, self.index, self.has_labels = dataset, index, has_labels
+        self.layout = layout  # rows per position: a row's label is its input's
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.index) if self.layout is None else len(self.layout)
 
     def __getitem__(self, i) -> torch.Tensor:
-        positions = np.arange(len(self.index))[i] if isinstance(i, slice) else \
+        positions = np.arange(len(self))[i] if isinstance(i, slice) else \
             np.atleast_1d(np.asarray(i.cpu() if isinstance(i, torch.Tensor) else i))
         if not self.has_labels:
             return torch.zeros(len(positions), dtype=torch.long)
+        if self.layout is not None:
+            positions = self.layout.inputs_of(positions)
         if isinstance(self.dataset, TensorDataset):
             return inputs(self.dataset, self.index[positions])[1]
         return torch.tensor([item_of(self.dataset[int(self.index[p])])[1] for p in positions])
@@ -499,8 +545,10 @@ def check_source(config, explicit: bool) -> dict:
         layer = find_layer(model, data.hook, data.source)
         if len(train) == 0:
             raise SourceError(f"--source {data.source}: the training dataset is empty")
-        reader = LayerReader(model, layer, _device_of(model), hook=data.hook)
-        width = reader.rows(train, [0])[0].shape[1]
+        reader = LayerReader(model, layer, _device_of(model), hook=data.hook,
+                             positions=data.positions)
+        read = reader.read(train, [0])
+        width = read.rows.shape[1]
     except SourceError as e:
         raise UsageError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - the user's model or dataset failed on an input
@@ -508,9 +556,11 @@ def check_source(config, explicit: bool) -> dict:
                          f"failed ({type(e).__name__}: {one_line(e)})") from None
     record = {"streamed": True, "source": data.source, "hook": data.hook, "inputs": len(train),
               "test_inputs": None if test is None else len(test), "width": int(width)}
+    if read.sequence is not None:  # a row per position: which, of how many
+        record.update(positions=data.positions, sequence=read.sequence)
     if recorded is not None:
-        for key in ("hook", "inputs", "test_inputs", "width"):
-            if recorded.get(key) != record[key]:
+        for key in ("hook", "inputs", "test_inputs", "width", "positions", "sequence"):
+            if recorded.get(key) != record.get(key):
                 raise UsageError(f"cannot resume {out}: its source had {key} "
-                                 f"{recorded.get(key)!r}, this one has {record[key]!r}")
+                                 f"{recorded.get(key)!r}, this one has {record.get(key)!r}")
     return record

@@ -35,6 +35,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from sae.data.rundata import DataCheck, check_data, check_split, header_record, write_record
+from sae.runner.hooks import run_hooks
 from sae.settings.cli import (
     UsageError,
     build_parser,
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     failed). Until the first training step, a status line every few seconds names what the
     start-up is doing (:mod:`sae.system.status`)."""
     argv = sys.argv[1:] if argv is None else argv
+    several = run_hooks(argv, main)  # --hook a,b,c: a run per layer, this command each
+    if several is not None:
+        return several
     with status.StartupStatus() if is_primary_process() else nullcontext():
         return _main(argv)
 

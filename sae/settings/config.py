@@ -58,6 +58,7 @@ REFUSED_ELSEWHERE = tuple(dict.fromkeys(n for names in _declared("REFUSED_ELSEWH
 
 DEAD_GUARDS = ("none", "resample", "auxk")
 DATASETS = ("mnist", "fashion-mnist")
+POSITIONS = ("all", "last", "mask")  # --positions: which positions of a [B, T, D] layer are rows
 PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitted with
 # what Lightning's Trainer(precision=...) accepts
 PRECISIONS = ("64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true",
@@ -264,7 +265,11 @@ class DataConfig:
     hook: str | None = setting(None, "the layer of --source, named as model.named_modules() "
                                "names it", nullable=True)
     buffer_rows: int = setting(8192, "--source: inputs the model runs on at once, a chunk of the "
-                               "epoch's shuffled order (memory holds one chunk of rows)", low=1)
+                               "epoch's shuffled order (memory holds one chunk of rows); for a "
+                               "layer of positions, rows (its T positions count T each)", low=1)
+    positions: str = setting("all", "--hook on a layer of positions ([B, T, D]): which are rows "
+                             "(all; last: each input's last; mask: where the dataset's padding "
+                             "mask is true)", choices=POSITIONS)
     data_dir: str | None = setting(None, "folder with the IDX files (default: $SAE_DATA_DIR, "
                                    "torchvision's cache, then download)", nullable=True)
     val_size: int = setting(5000, "validation images carved from train (fixed split seed)",
