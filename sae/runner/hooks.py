@@ -106,8 +106,8 @@ def _dump(config, hooks: list[str], out: Path) -> Path:
     """Every layer's rows in one pass per batch of inputs (:func:`sae.data.rowcache.dump`);
     the folder of row files. Raises ``UsageError`` with one line."""
     from sae.data.hooked import LayerReader, SourceError, find_layer  # torch: for --source
-    from sae.data.rowcache import dump, release, row_folder
-    from sae.data.streamed import resolve
+    from sae.data.rowcache import dump, release, row_folder  # likewise
+    from sae.data.streamed import resolve  # likewise
 
     data = config.data
     if config.folder.resume is None and not config.folder.overwrite:
