@@ -1,6 +1,7 @@
 """Stacks: runs trained together (``sae.runner.stack``) give what each run gives alone, and each
 member's folder is a run folder like any other."""
 
+import csv
 import json
 import os
 import signal
@@ -10,7 +11,8 @@ import time
 
 import pytest
 import torch
-from cli_helpers import QUICK, cli_env
+from cli_helpers import QUICK, assert_one_line_error, cli_env, run_cli
+from sweep_helpers import write_yaml
 
 import sae
 from sae.runner import command, stack
@@ -141,3 +143,39 @@ def test_runs_that_do_not_share_their_batches_are_refused(tmp_path, quiet):
     assert codes == [2, 2]
     assert "cannot share a stack" in quiet.getvalue()
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+TINY_SWEEP = {
+    "description": "stacks", "datasets": ["mnist"], "seeds": [0],
+    "common": {"hidden": 16, "k": 4, "limit_train": 400, "val_size": 100, "limit_test": 200,
+               "batch_size": 64, "epochs": 2, "no_figures": True, "no_report": True,
+               "no_features": True},
+    "models": {"kl": {"lambda": [0.1, 0.05]}, "topk": {"k": [4, 8]}},
+}
+
+
+@pytest.mark.slow
+def test_a_sweep_of_stacks_gives_the_tables_of_runs_alone(tmp_path, data_dir):
+    sweep = write_yaml(tmp_path / "tiny.yaml", TINY_SWEEP)
+    tables = {}
+    for stack_arg in ("auto", "off"):
+        result = run_cli([sweep, "--out", tmp_path / stack_arg, "--jobs", "2", "--stack",
+                          stack_arg], tmp_path, data_dir, module="sae.compare", timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert ("(a stack of 2)" in result.stdout) == (stack_arg == "auto")
+        with open(tmp_path / stack_arg / "results.csv") as f:
+            tables[stack_arg] = [{k: v for k, v in row.items() if k != "wall_time_s"}
+                                 for row in csv.DictReader(f)]
+    assert len(tables["auto"]) == 4 and tables["auto"] == tables["off"]
+    log = (tmp_path / "auto" / "logs" / "mnist" / "topk" / "k8" / "seed0.log").read_text()
+    assert "a stack of 2 runs" in log and "exit codes [0, 0]" in log
+
+
+@pytest.mark.parametrize("value", ["0", "65", "many", "-1"])
+def test_a_bad_stack_size_is_one_line(tmp_path, data_dir, value):
+    sweep = write_yaml(tmp_path / "tiny.yaml", TINY_SWEEP)
+    result = run_cli([sweep, "--out", tmp_path / "out", "--stack", value], tmp_path, data_dir,
+                     module="sae.compare")
+    assert_one_line_error(result)
+    assert "--stack must be auto, off or an integer from 1 to 64" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ running ``main`` again with ``--resume`` in each argv). Sweeps call this (``--st
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -110,3 +111,21 @@ def _train(started: list, codes: list, say) -> None:
         single.write_pages(config, outcome.trained)
         print(f"{out}: {summary_line(outcome.trained.metrics)}", flush=True)
         codes[i] = 0
+
+
+def as_command() -> None:
+    """``python -m sae.runner.stack '[[argv...], ...]'``: the runs of a JSON list of argvs as one
+    stack (what a sweep's Ray task starts); the exit code is the largest of the runs'."""
+    try:
+        argvs = json.loads(sys.argv[1]) if len(sys.argv) == 2 else None
+    except ValueError:
+        argvs = None
+    if not (isinstance(argvs, list) and argvs and all(
+            isinstance(a, list) and all(isinstance(x, str) for x in a) for a in argvs)):
+        say("error: usage: python -m sae.runner.stack '[[\"--model\", \"l1\", ...], ...]'")
+        sys.exit(EXIT_USAGE)
+    sys.exit(max(main(argvs)))
+
+
+if __name__ == "__main__":
+    as_command()

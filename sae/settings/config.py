@@ -357,3 +357,16 @@ class RunConfig:
     def settings(self) -> dict:
         """Every field of every section, flat: ``{field name: value}``."""
         return {k: v for f in fields(self) for k, v in asdict(getattr(self, f.name)).items()}
+
+    def stack_key(self) -> tuple:
+        """What runs that train as one stack (``sae.training.stack``) share: the data (its
+        split and order), the loop (epochs, steps, batch, seed, gradient clipping, convergence
+        rule, logging) and the hardware. What may differ is the model: mechanism, width, λ, k,
+        target L0, learning rate, initialisation and the mechanism's own settings. A compiled
+        model or a run on several devices or nodes trains alone."""
+        hw = self.hardware
+        if hw.compile or hw.num_nodes != 1 or str(hw.devices) not in ("1", "auto") \
+                or any(s in str(hw.strategy) for s in ("ddp", "fsdp")):
+            return ("alone", self.folder.out)
+        return tuple(repr(sorted(asdict(part).items())) for part in
+                     (self.data, self.train, self.hardware)) + (self.output.log_every,)

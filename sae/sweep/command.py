@@ -197,6 +197,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "`python -m sae.run` process; ray: every run is a Ray task, on a local "
                         "Ray instance or the cluster at --address (the run folders on a file "
                         "system every node sees) (default: workers)")
+    p.add_argument("--stack", default="auto", metavar="auto|N|off",
+                   help="train runs that share their data and loop as stacks of at most N "
+                        "(one pass over the batches, one backward and one optimiser step for "
+                        "all; each run's results are those of training it alone); auto: up "
+                        "to 8, never fewer stacks than --jobs; off: every run alone; "
+                        "--engine processes trains every run alone (default: auto)")
     p.add_argument("--address", default=None,
                    help="--engine ray: a running Ray cluster's address, as `ray start --head` "
                         "prints it (default: a Ray instance of this machine's own)")
@@ -207,6 +213,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "folders) to DIR, e.g. figures/compare/mnist")
     args = p.parse_args(argv)
     args.jobs = _jobs(args.jobs)
+    args.stack = _stack(args.stack, args.engine)
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address applies to --engine ray")
     if args.engine == "ray":
@@ -221,6 +228,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.out = Path(args.out) if args.out else Path("sweeps") / Path(args.sweep).stem
     args.publish = Path(args.publish) if args.publish else None
     return args
+
+
+MAX_STACK = 64  # runs a stack may hold: beyond it a step's memory grows, its overhead does not fall
+
+
+def _stack(text: str, engine: str) -> int | None:
+    """``--stack`` as runs a stack holds at most: None for auto, 1 for off."""
+    if text == "off" or engine == "processes":
+        return 1
+    if text == "auto":
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= MAX_STACK:
+        raise UsageError(f"--stack must be auto, off or an integer from 1 to {MAX_STACK}, got "
+                         f"{shown(text, 40)}")
+    return int(text)
 
 
 def _jobs(text: str) -> int:
@@ -394,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             analyses, failed = run_sweep(
                 args.out, runs, args.jobs, gpus, say, workers=args.engine == "workers",
                 data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data),
-                pool=pool)
+                pool=pool, stack=args.stack)
         except STOPS as e:
             return interrupted(e, f"run the same command again to continue ({args.out})")
         failed += report_damaged(args.out, runs, say)

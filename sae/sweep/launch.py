@@ -25,7 +25,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sae.settings.cli import UsageError
+from sae.settings.cli import UsageError, run_config
 from sae.sweep.analysis import DataCache, analyse_run, analysis_is_current, run_metrics
 from sae.sweep.spec import Run
 from sae.system.io import UnsafePathError, open_regular
@@ -73,6 +73,40 @@ def train_command(run: Run, folder: Path, state: str) -> list[str]:
 def log_path(sweep_dir: Path, run: Run) -> Path:
     """``logs/<dataset>/<model>/<value>/seed<s>.log``: the run's console output."""
     return sweep_dir / "logs" / run.rel.relative_to("runs").with_suffix(".log")
+
+
+STACK_AUTO = 8  # --stack auto: runs a stack holds at most (docs/sweeps.md: its cost per run)
+
+
+def _stack_key(command: list[str]):
+    """What a training must share with others to stack with them (``RunConfig.stack_key``,
+    and whether it resumes: a stack resumes all its runs or none); None: it trains alone."""
+    argv = command[3:]
+    try:
+        key = run_config(argv).stack_key()
+    except (UsageError, OSError, ValueError):
+        return None  # its own run reports what is wrong
+    return None if key[0] == "alone" else ("--resume" in argv, key)
+
+
+def plan_stacks(trainings: list[tuple], size: int | None, slots: int) -> list[list[tuple]]:
+    """``trainings`` ((run, command, log) each) grouped into stacks: runs that may share one
+    (:func:`_stack_key`), at most ``size`` a stack (None: ``STACK_AUTO``, and no more than
+    keeps every one of ``slots`` busy; 1: every run alone), in the order of their first run."""
+    groups: dict = {}
+    alone = []
+    for training in trainings:
+        key = _stack_key(training[1]) if size != 1 else None
+        if key is None:
+            alone.append([training])
+        else:
+            groups.setdefault(key, []).append(training)
+    stacks = []
+    for group in groups.values():
+        per = size or min(STACK_AUTO, max(1, math.ceil(len(group) / max(1, slots))))
+        stacks.extend(group[i:i + per] for i in range(0, len(group), per))
+    order = {id(t): n for n, t in enumerate(trainings)}
+    return sorted(stacks + alone, key=lambda stack: order[id(stack[0])])
 
 
 def check_folders(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str]) -> None:
@@ -351,6 +385,42 @@ class RunPool:
         a worker also analyses the finished run (its analysis.json is then current)."""
         return self.executor.submit(self._train, run, command, log, analyse)
 
+    def submit_stack(self, trainings: list[tuple], analyse: bool = False) -> Future:
+        """Queue ``trainings`` ((run, command, log) each) as one stack, in a worker; the
+        future gives one (exit code or None, seconds) each. Without workers (or for a run a
+        worker cannot train) each trains alone, one after another in one slot."""
+        return self.executor.submit(self._train_stack, trainings, analyse)
+
+    def _train_stack(self, trainings: list[tuple], analyse: bool) -> list[tuple]:
+        stackable = self.use_workers and all(in_process(run, self.gpus_per_slot)
+                                             for run, _, _ in trainings)
+        if not stackable:
+            return [self._train(run, command, log, analyse) for run, command, log in trainings]
+        with self.lock:
+            slot = self.slots.pop(0)
+        try:
+            worker = self._worker(slot)
+            if worker is None:
+                return [(None, 0.0)] * len(trainings)
+            start = time.perf_counter()
+            answer = worker.train({"stack": [command[3:] for _, command, _ in trainings],
+                                   "logs": [str(log) for _, _, log in trainings],
+                                   "analyse": analyse})
+            seconds = time.perf_counter() - start
+            if answer is None:  # the worker died: say so in each run's log
+                code = worker.proc.returncode or 1
+                for _, _, log in trainings:
+                    with open_log(log) as fh:
+                        fh.write("error: the training process ended unexpectedly "
+                                 f"(exit {code})\n")
+                return [(code, seconds)] * len(trainings)
+            return [(code, seconds) for code in answer["codes"]]
+        except OSError:  # a log cannot be written
+            return [(1, 0.0)] * len(trainings)
+        finally:
+            with self.lock:
+                self.slots.append(slot)
+
     def close(self) -> None:
         """Wait for the queued runs, then end the workers."""
         self.executor.shutdown(wait=True)
@@ -466,15 +536,16 @@ def _metrics_note(folder: Path, analysis: dict | None) -> str:
 
 def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
               say: Callable[[str], None], workers: bool = True, data: DataCache | None = None,
-              on_idle: Callable[[list[Run]], None] | None = None, pool=None
-              ) -> tuple[dict[Path, dict], int]:
+              on_idle: Callable[[list[Run]], None] | None = None, pool=None,
+              stack: int | None = 1) -> tuple[dict[Path, dict], int]:
     """Train what is missing, analyse what is finished; returns (analyses, failures).
 
     With ``workers`` (the default) single-process runs train, and are analysed, in long-lived
     worker processes (:class:`Worker`); otherwise each run is a ``sae.run`` subprocess and the
     analysis runs here, with the data splits of ``data``. ``pool`` trains the runs instead of a
     :class:`RunPool` of ``jobs`` slots when given (:class:`sae.sweep.raypool.RayPool`: Ray
-    tasks, analysed here). ``on_idle(finished runs)`` is called
+    tasks, analysed here). ``stack``: runs a stack holds at most (:func:`plan_stacks`; None:
+    as many as pays, 1: every run alone). ``on_idle(finished runs)`` is called
     once, as soon as a run finishes with fewer runs left to finish than there are slots (so a
     slot has nothing to train while others do): the work that must wait for the last run
     (the tables and plots) can prepare there, on a core that would otherwise idle.
@@ -501,23 +572,28 @@ def run_sweep(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str],
         return analyses[folder]
 
     states = {id(run): run_state(sweep_dir / run.rel) for run in runs}
+    trainings = [(run, train_command(run, sweep_dir / run.rel, states[id(run)]),
+                  log_path(sweep_dir, run))
+                 for run in runs if states[id(run)] not in ("done", "busy")]
     pending = {}
-    for run in runs:
-        if states[id(run)] not in ("done", "busy"):
-            folder, log = sweep_dir / run.rel, log_path(sweep_dir, run)
-            command = train_command(run, folder, states[id(run)])
-            pending[pool.submit(run, command, log, analyse=True)] = (run, log)
-    progress.to_train = len(pending)
+    for group in plan_stacks(trainings, stack, jobs):
+        if len(group) == 1:
+            pending[pool.submit(*group[0], analyse=True)] = [(group[0][0], group[0][2])]
+        else:
+            pending[pool.submit_stack(group, analyse=True)] = [(r, log) for r, _, log in group]
+    progress.to_train = len(trainings)
     idle_called, completed = on_idle is None, 0
     finished: list[Run] = [run for run in runs if states[id(run)] == "done"]
     try:
         for run in runs:  # finished before: analyse them while the trainings run
             _report_earlier(run, states[id(run)], sweep_dir / run.rel, progress, analyse, say)
         for future in _completed(pending):
-            run, log = pending[future]
-            if _report_trained(run, log, future.result(), sweep_dir / run.rel, progress,
-                               analyse, say):
-                finished.append(run)
+            members = pending[future]
+            outcomes = future.result() if len(members) > 1 else [future.result()]
+            for (run, log), outcome in zip(members, outcomes, strict=True):
+                if _report_trained(run, log, outcome, sweep_dir / run.rel, progress,
+                                   analyse, say, len(members)):
+                    finished.append(run)
             completed += 1
             if not idle_called and 0 < len(pending) - completed < jobs:
                 idle_called = True
@@ -547,15 +623,18 @@ def _report_earlier(run: Run, state: str, folder: Path, progress: Progress, anal
 
 
 def _report_trained(run: Run, log: Path, outcome: tuple[int, float], folder: Path,
-                    progress: Progress, analyse, say: Callable[[str], None]) -> bool:
-    """The line of a run whose training ended (``outcome``: exit code, seconds), analysed when
-    it finished; whether it did."""
+                    progress: Progress, analyse, say: Callable[[str], None],
+                    stacked: int = 1) -> bool:
+    """The line of a run whose training ended (``outcome``: exit code, seconds; in a stack of
+    ``stacked`` runs, the stack's seconds), analysed when it finished; whether it did."""
     code, seconds = outcome
     if code == 0 and run_state(folder) == "done":
         progress.trained += 1
-        progress.trained_seconds += seconds
+        progress.trained_seconds += seconds / stacked  # the slot's time, shared
         a = analyse(run, folder)
-        say(progress.line(run, f"trained in {seconds:.1f} s", _metrics_note(folder, a)))
+        took = f"trained in {seconds:.1f} s" + (f" (a stack of {stacked})" if stacked > 1
+                                                 else "")
+        say(progress.line(run, took, _metrics_note(folder, a)))
         return True
     progress.failed += 1
     say(progress.line(run, f"FAILED (exit {code})", f"{_last_line(log)} [log: {log}]"))

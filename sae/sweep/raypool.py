@@ -26,6 +26,7 @@ the cluster's CPUs. While Ray connects, its own SIGTERM handlers are in place (P
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -182,9 +183,43 @@ def train_task(run: Run, folder: str, log: str, threads: int) -> tuple[int, floa
         state, waited = run_state(folder_path), waited + 1.0
     if state == "done":  # a retried task whose first try finished the run
         return 0, 0.0
-    command = train_command(run, folder_path, state)
+    return _run_command(train_command(run, folder_path, state), Path(log), threads)
+
+
+def train_stack_task(runs: list[Run], folders: list[str], logs: list[str],
+                     threads: int) -> list[tuple[int, float]]:
+    """Bring run folders to done on this node as one stack (``python -m sae.runner.stack``),
+    its output in the first log and copied to the others; (exit code, seconds) each. Runs a
+    first try finished are left as they are; runs that cannot stack now (one busy, or some
+    resuming and some not) train one after another, alone."""
+    paths = [Path(f) for f in folders]
+    states = [run_state(p) for p in paths]
+    todo = [i for i, state in enumerate(states) if state != "done"]
+    if any(states[i] == "busy" for i in todo) or len({states[i] == "resume" for i in todo}) > 1:
+        return [train_task(runs[i], folders[i], logs[i], threads) for i in range(len(runs))]
+    outcomes = [(0, 0.0)] * len(runs)
+    if not todo:
+        return outcomes
+    argvs = [train_command(runs[i], paths[i], states[i])[3:] for i in todo]
+    first = Path(logs[todo[0]])
+    before = first.stat().st_size if first.is_file() else 0
+    code, seconds = _run_command([sys.executable, "-m", "sae.runner.stack", json.dumps(argvs)],
+                                 first, threads)
+    text = first.read_bytes()[before:]
+    for i in todo:
+        if i != todo[0]:
+            with open_log(Path(logs[i])) as fh:
+                os.write(fh.fileno(), text)
+        done = run_state(paths[i]) == "done"
+        outcomes[i] = (0 if done else (code or 1), seconds)
+    return outcomes
+
+
+def _run_command(command: list[str], log: Path, threads: int) -> tuple[int, float]:
+    """Run ``command`` with ``threads`` CPU threads, its output appended to ``log``; (exit code,
+    seconds). Cancelled (KeyboardInterrupt), it stops the training as Ctrl-C would and waits."""
     env = job_env(0, threads, None)  # the training stops if this worker dies
-    with open_log(Path(log)) as fh:
+    with open_log(log) as fh:
         fh.write(f"\n$ {' '.join(command)}\n")
         fh.flush()
         start = time.perf_counter()
@@ -254,6 +289,7 @@ class RayPool:
 
         self.ray, self.threads, self.started = ray, threads, not ray.is_initialized()
         self.task = ray.remote(train_task)
+        self.stack_task = ray.remote(train_stack_task)
         self.refs: list = []
         if self.started:
             self._connect(address, cpus)
@@ -328,6 +364,19 @@ class RayPool:
                                 num_gpus=GPU_SHARE if uses_gpu(run) and self._gpus() else 0,
                                 max_retries=1, retry_exceptions=False
                                 ).remote(run, folder, str(log), self.threads)
+        self.refs.append(ref)
+        return ref.future()
+
+    def submit_stack(self, trainings: list[tuple], analyse: bool = False) -> Future:
+        """Queue ``trainings`` ((run, command, log) each) as one stack in one Ray task; the
+        future gives one (exit code, seconds) each."""
+        runs = [run for run, _, _ in trainings]
+        folders = [command[command.index("--out") + 1] for _, command, _ in trainings]
+        gpu = any(uses_gpu(run) for run in runs) and self._gpus()
+        ref = self.stack_task.options(num_cpus=self.threads, num_gpus=GPU_SHARE if gpu else 0,
+                                      max_retries=1, retry_exceptions=False
+                                      ).remote(runs, folders, [str(log) for _, _, log in
+                                                               trainings], self.threads)
         self.refs.append(ref)
         return ref.future()
 

@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 
 from sae.runner import command as run
+from sae.runner import stack
 from sae.sweep.analysis import DataCache, analyse_run
 from sae.sweep.launch import open_log
 from sae.system.process import (
@@ -65,8 +66,46 @@ def _folder_of(argv: list[str]) -> Path | None:
     return Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
 
 
+def run_stack_job(job: dict, data) -> dict:
+    """Train (and analyse) a stack of runs in this process (``sae.runner.stack``): its output
+    goes to the first run's log and is copied to the others' at the end; the answer has each
+    run's exit code (``codes``)."""
+    argvs, logs = [list(a) for a in job["stack"]], [Path(p) for p in job["logs"]]
+    with open_log(logs[0]) as fh:
+        before = fh.tell()
+        _redirect(fh.fileno())
+    print(f"\n$ a stack of {len(argvs)} runs:", flush=True)
+    for argv in argvs:
+        print(f"$   python -m sae.run {' '.join(argv)}", flush=True)
+    start = time.perf_counter()
+    try:
+        codes = stack.main(argvs)
+    except BaseException:  # noqa: BLE001 (a failure must not end the worker)
+        traceback.print_exc()
+        codes = [EXIT_FAILED] * len(argvs)
+    seconds = time.perf_counter() - start
+    print(f"# exit codes {codes} after {seconds:.1f} s", flush=True)
+    sys.stdout.flush()
+    text = logs[0].read_bytes()[before:]
+    for log in logs[1:]:  # each run's log tells its part, as a run alone's would
+        with open_log(log) as fh:
+            os.write(fh.fileno(), text)
+    errors = []
+    for argv, code in zip(argvs, codes, strict=True):
+        folder = _folder_of(argv)
+        errors.append(None)
+        if code == 0 and job.get("analyse") and folder is not None:
+            try:
+                analyse_run(folder, data)
+            except Exception as e:  # noqa: BLE001 (reported; the sweep retries it itself)
+                errors[-1] = f"{type(e).__name__}: {e}"
+    return {"code": max(codes), "codes": codes, "seconds": seconds, "analysis_errors": errors}
+
+
 def run_job(job: dict, data) -> dict:
     """Train (and analyse) one run in this process; returns the answer to send back."""
+    if "stack" in job:
+        return run_stack_job(job, data)
     argv, log = list(job["argv"]), Path(job["log"])
     with open_log(log) as fh:
         _redirect(fh.fileno())

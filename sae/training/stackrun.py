@@ -4,15 +4,15 @@ The stacked counterpart of :func:`sae.training.engine.train`: the same data modu
 from the generator state a single run builds its model from, the same seed handling, each
 member's run folder written as a single run's (checkpoints, ``metrics.csv``, TensorBoard,
 ``metrics.json``). Runs stack when everything that decides their batches and their loop is the
-same (:func:`stack_key`); what may differ is the model: mechanism, width, λ, k, target L0,
-learning rate, initialisation and the mechanism's own settings.
+same (:meth:`sae.settings.config.RunConfig.stack_key`); what may differ is the model: mechanism,
+width, λ, k, target L0, learning rate, initialisation and the mechanism's own settings.
 """
 
 from __future__ import annotations
 
 import math
 import signal
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -44,19 +44,7 @@ from sae.training.stack import (
     stack_checkpoint,
 )
 
-__all__ = ["MemberOutcome", "stack_key", "train_stack"]
-
-
-def stack_key(config: RunConfig) -> tuple:
-    """What runs of one stack share: the data (and its split and order), the loop (epochs,
-    steps, batch, seed, gradient clipping, convergence rule) and the hardware; a run with a
-    compiled model trains alone."""
-    if config.hardware.compile:
-        return ("alone", config.folder.out)
-    data, train = asdict(config.data), asdict(config.train)
-    return (tuple(sorted((k, repr(v)) for k, v in data.items())),
-            tuple(sorted((k, repr(v)) for k, v in train.items())),
-            repr(asdict(config.hardware)), config.output.log_every)
+__all__ = ["MemberOutcome", "train_stack"]
 
 
 @dataclass
@@ -94,9 +82,9 @@ def _with_resume(stack: StackTraining, states: list[dict], configs: list[RunConf
 
 
 def train_stack(configs: list[RunConfig]) -> list[MemberOutcome]:
-    """Fit the runs of ``configs`` (one :func:`stack_key`) as one stack; one outcome each."""
+    """Fit the runs of ``configs`` (one ``stack_key``) as one stack; one outcome each."""
     first = configs[0]
-    if len({stack_key(c) for c in configs}) != 1:
+    if len({c.stack_key() for c in configs}) != 1 or configs[0].stack_key()[0] == "alone":
         raise TrainingSetupError("these runs cannot share a stack: their data, loop or "
                                  "hardware settings differ")
     quiet_lightning()
