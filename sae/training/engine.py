@@ -341,11 +341,10 @@ class Trained:
 
 
 def finish(config: RunConfig, model, dm, wall: float, steps: int, epochs: int, loggers: list,
-           lambda_held: float | None = None, extra: dict | None = None) -> Trained:
+           lambda_held: float | None = None) -> Trained:
     """After a completed fit (rank 0): test metrics to ``metrics.json`` and the ``loggers``, with
     a status line; returns them with what the pages are made from. ``steps`` and ``epochs`` are
-    where training ended, ``lambda_held`` the λ a ``--target-l0`` run ended with, ``extra`` more
-    facts for ``metrics.json``."""
+    where training ended, ``lambda_held`` the λ a ``--target-l0`` run ended with."""
     out, sae, training = Path(config.folder.out), config.sae, config.train
     with status("test metrics"):
         truth = getattr(dm, "truth", None)  # data made with known features
@@ -358,7 +357,6 @@ def finish(config: RunConfig, model, dm, wall: float, steps: int, epochs: int, l
                       fire_threshold=float(model.fire_threshold), **model.result_extras())
         if lambda_held is not None:  # --target-l0: the λ the run ended with
             result["lambda_held"] = lambda_held
-        result.update(extra or {})
         write_json(out / "metrics.json", result)
         params = {**asdict(sae), "dataset": dm.dataset, "seed": training.seed,
                   "epochs": training.epochs, "max_steps": training.max_steps,

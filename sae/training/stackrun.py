@@ -147,5 +147,5 @@ def _finish_member(stack: StackTraining, i: int, config: RunConfig, dm, wall: fl
     steps, epochs = stack.finished[i] or (int(trainer.global_step), int(trainer.current_epoch))
     held = float(member.lambda_full()) if member.controls_l0 else None
     trained = finish(config, member.sae, dm, wall, steps, epochs, stack.records[i].loggers,
-                     lambda_held=held, extra={"stack_size": len(stack.members)})
+                     lambda_held=held)
     return MemberOutcome(trained=trained)
