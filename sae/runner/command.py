@@ -128,19 +128,27 @@ def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
         return config, record
     if not config.data.data:
         check_data(config)  # a resumed --data run needs its data
-        check_split(config.settings())  # from the training file's header
+        _pin_val_size(config, check_split(config.settings()))  # from the training file's header
         return config, None
-    check_split(config.settings(), header_record(config.settings()))  # at once, before torch
+    # at once, before torch; its note once the data is read in full, below
+    check_split(config.settings(), header_record(config.settings()), note=False)
     # reading and checking every file (seconds for a large one) runs beside the imports, and is
     # not held: Ctrl-C or SIGTERM stops it at once, with nothing written
     pending = DataCheck(config.data.data, config.data.data_dir)
     with _importing(on_stop):
         import sae.data.matrixdata  # noqa: F401
     record = check_data(config, pending)
-    check_split(config.settings(), record)
+    _pin_val_size(config, check_split(config.settings(), record))
     config.sae.input_dim = int(record["train"]["shape"][1])
     check_model(config.sae)
     return config, record
+
+
+def _pin_val_size(config: RunConfig, rows: int | None) -> None:
+    """``--val-size`` as the count of rows it resolved to (a fraction, or the default rule),
+    so that ``config.yaml`` and a resume hold the split the run trained with."""
+    if rows is not None:
+        config.data.val_size = rows
 
 
 def _import_training() -> None:

@@ -267,8 +267,11 @@ class DataConfig:
                                "epoch's shuffled order (memory holds one chunk of rows)", low=1)
     data_dir: str | None = setting(None, "folder with the IDX files (default: $SAE_DATA_DIR, "
                                    "torchvision's cache, then download)", nullable=True)
-    val_size: int = setting(5000, "validation images carved from train (fixed split seed)",
-                            low=1)
+    val_size: int | float | None = setting(
+        None, "validation rows carved from train (fixed split seed): a count, or a fraction "
+        "(0 < f < 1) of the training rows; default the smaller of 5,000 and 10 percent of them "
+        "(MNIST: 5,000); a --data manifest's own val rows replace it", nullable=True,
+        kind="size")
     limit_train: int | None = setting(None, "use only this many training images (quick runs)",
                                       low=2, nullable=True)  # training needs two
     limit_test: int | None = setting(None, "use only this many test images", low=1,
