@@ -62,6 +62,7 @@ PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitt
 # what Lightning's Trainer(precision=...) accepts
 PRECISIONS = ("64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true",
               "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")
+LOGGERS = ("tensorboard", "csv", "wandb")  # --logger: metrics.csv is written with each
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
@@ -289,6 +290,10 @@ class OutputConfig:
     no_features: bool = setting(False, "write no features.html (the feature browser; its t-SNE "
                                 "takes a few seconds)")
     log_every: int = setting(50, "log training metrics every N steps", low=1)
+    logger: str = setting("tensorboard", "where the curves go besides metrics.csv (always "
+                          "written): TensorBoard (<out>/tensorboard), none more (csv), or "
+                          "Weights & Biases (wandb: pip install -e \".[wandb]\")",
+                          choices=LOGGERS)
     progress: str = setting("auto", "progress bar (auto: only on a terminal)",
                             choices=("auto", "on", "off"))
 
