@@ -236,13 +236,16 @@ def test_flags_are_checked_before_lightning_is_imported():
 
 @pytest.mark.slow
 def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, data_dir):
-    """Piped (not a terminal): the run folder first, a line per validation, a line as each
-    finishing step starts and one with its time as it ends, the pages last."""
+    """Piped (not a terminal): what the start waits for first (torch's import), then the run
+    folder, a line per validation, a line as each finishing step starts and one with its time
+    as it ends, the pages last."""
     out = tmp_path / "run"
     result = run_cli(["--model", "l1", "--epochs", "3", "--out", out, *QUICK], tmp_path,
                      data_dir)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
+    assert lines[0] == "starting (0 s): importing torch and Lightning"
+    lines = [ln for ln in lines if not ln.startswith("starting (")]
     assert lines[0] == f"run folder: {out}"
     # QUICK's --k is no setting of the L1 SAE: said once
     assert lines[1] == "note: --k is ignored by --model l1: its sparsity is --lambda 0.01"
