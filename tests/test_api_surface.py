@@ -81,3 +81,13 @@ def test_the_reference_lists_every_setting_from_the_typed_settings():
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed")
 def test_the_hook_is_part_of_the_site():
     assert "docs/hooks/settings.py" in (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_a_run_config_is_taken_as_its_settings(tmp_path):
+    from sae.settings.config import RunConfig
+
+    config = RunConfig()
+    config.sae.hidden = 0  # checked as the command checks --hidden: its fields are settings
+    with pytest.raises(ValueError, match="--hidden"):
+        sae.train(config, out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()

@@ -128,7 +128,9 @@ def train(config: RunConfig | None = None, **settings) -> Path:
     if config is not None and not isinstance(config, RunConfig):
         raise ValueError(f"sae.train takes settings by keyword (sae.train(model=\"topk\", "
                          f"k=16)) or a RunConfig, got {config!r:.40}")
-    given = {**(config.settings() if config is not None else {}), **settings}
+    # a RunConfig's settings (not its fields set from the data, input_dim, or fixed, aux_coef)
+    given = {**({k: v for k, v in config.settings().items() if k in SETTINGS}
+                if config is not None else {}), **settings}
     if given.get("source") is not None and not isinstance(given["source"], str):
         given["source"] = register_python_source(given["source"])  # a (model, dataset)
     given = _checked_types(_known_names(given))

@@ -249,8 +249,9 @@ def check_split(settings: dict, record: dict | None = None, note: bool = True) -
         return None
     val = val_rows(settings.get("val_size"), n)
     if carved * val + MIN_TRAIN_ROWS <= n:
-        own_val = record is not None and record.get("val") is not None  # only test is carved
-        line = large_val_note(val, n, unit) if note and not own_val else None
+        if record is not None and record.get("val") is not None:
+            return None  # only test rows are carved: --val-size validates nothing here
+        line = large_val_note(val, n, unit) if note else None
         if line:
             print(line, flush=True)
         return val
