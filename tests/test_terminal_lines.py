@@ -122,13 +122,22 @@ def test_the_sweep_status_names_each_running_run_and_its_last_line(tmp_path):
         "0 of 2 runs done · writing the tables")
 
 
-def test_a_sweep_says_its_first_line_within_5_seconds(tmp_path, data_dir):
-    """As a user starts it from a shell: the first line within 5 s of the command."""
-    sweep = write_yaml(tmp_path / "s.yaml", TINY)
+SLOW_CHECKS = """
+# python -m sae.compare whose checks of its data take 7 s
+import runpy, sys, time
+import sae.sweep.command
+sae.sweep.command.check_sweep_data = lambda *args: time.sleep(7)
+sys.argv[0] = "sae.compare"
+runpy.run_module("sae.compare", run_name="__main__", alter_sys=True)
+"""
+
+
+def _first_line(tmp_path, data_dir, command) -> tuple[str | None, float]:
+    """The first line a sweep command writes and how long after its start, the sweep then
+    stopped as Ctrl-C stops it."""
     env = {**cli_env(tmp_path, data_dir), "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "sae.compare", str(sweep), "--out", "sw",
-                             "--jobs", "1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     first: list[str] = []
     reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
@@ -136,11 +145,27 @@ def test_a_sweep_says_its_first_line_within_5_seconds(tmp_path, data_dir):
     reader.join(30)
     took = time.monotonic() - started
     try:
-        os.killpg(proc.pid, signal.SIGINT)  # the sweep stops as Ctrl-C stops it
+        os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return (first[0] if first else None), took
+
+
+def test_a_sweep_with_slow_checks_says_what_it_does_within_5_seconds(tmp_path, data_dir):
+    sweep = write_yaml(tmp_path / "s.yaml", TINY)
+    line, took = _first_line(tmp_path, data_dir, [sys.executable, "-c", SLOW_CHECKS, str(sweep),
+                                                  "--out", "sw", "--jobs", "1"])
+    assert line is not None and line.startswith("starting (4 s): checking the sweep"), line
+    assert took < 5.0 + 1.0  # 4 s of checks, then the line (a loaded machine: a second more)
+
+
+def test_a_sweep_says_its_first_line_within_5_seconds(tmp_path, data_dir):
+    """As a user starts it from a shell: the first line within 5 s of the command."""
+    sweep = write_yaml(tmp_path / "s.yaml", TINY)
+    line, took = _first_line(tmp_path, data_dir, [sys.executable, "-m", "sae.compare",
+                                                  str(sweep), "--out", "sw", "--jobs", "1"])
     print(f"the sweep's first line came {took:.2f} s after the command")
-    assert first and first[0].startswith("sweep s.yaml: 2 runs → sw"), first
+    assert line is not None and line.startswith("sweep s.yaml: 2 runs → sw"), line
     assert took < 5.0

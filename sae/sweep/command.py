@@ -144,7 +144,7 @@ from sae.data.rundata import check_sweep_data
 from sae.pages import gallery
 from sae.settings.cli import OneLineParser, UsageError, path_arg, shown
 from sae.sweep.analysis import DataCache, run_metrics
-from sae.sweep.heartbeat import Heartbeat, sweep_status
+from sae.sweep.heartbeat import STARTING_EVERY, Heartbeat, starting_line, sweep_status
 from sae.sweep.launch import (
     MAX_JOBS,
     check_folders,
@@ -352,7 +352,13 @@ def dry_run(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> Non
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     started = time.time()  # the heartbeat's clock, and the age of a log it reads
+    # a line every few seconds until the sweep's first (checks of large data, Ray's start)
+    with Heartbeat(lambda line: print(line, flush=True), lambda: starting_line(started),
+                   every=STARTING_EVERY) as starting:
+        return _main(argv, started, starting)
 
+
+def _main(argv: list[str], started: float, starting: Heartbeat) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
@@ -390,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = pool.threads if pool is not None else threads  # a cluster's nodes may hold fewer
     with held:
         write_text(args.out / "sweep.yaml", sweep.text)
+        starting.stop()
         say(f"sweep {sweep.path.name}: {len(runs)} runs → {args.out} "
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
         data = DataCache()  # the splits this process loads, shared by the analysis and tables

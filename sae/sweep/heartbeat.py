@@ -19,7 +19,7 @@ from pathlib import Path
 from sae.sweep.launch import log_path, run_state
 from sae.system.process import stop_signals_to_main_thread
 
-__all__ = ["EVERY", "Heartbeat", "clock", "sweep_status"]
+__all__ = ["EVERY", "STARTING_EVERY", "Heartbeat", "clock", "starting_line", "sweep_status"]
 
 EVERY = 25.0  # seconds of silence before a line: under the half minute a user waits at most
 
@@ -39,6 +39,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._last = time.monotonic()
         self._stopped = threading.Event()
+        self._stopped.set()  # no thread until a block starts one
 
     def say(self, line: str) -> None:
         with self._lock:
@@ -65,7 +66,21 @@ class Heartbeat:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No more lines from the thread (idempotent)."""
         self._stopped.set()
+
+
+STARTING_EVERY = 4.0  # before the sweep's first line: a user waits 5 s at most for news
+
+
+def starting_line(started: float) -> str:
+    """What a sweep does before its first line (``started``: ``time.time()`` of the command):
+    its checks (every data file is read) and the start of its job slots (Ray's, seconds)."""
+    return (f"starting ({time.time() - started:.0f} s): checking the sweep, its run folders "
+            "and data files, and starting its job slots")
 
 
 def _last_line(log: Path) -> str | None:
