@@ -23,3 +23,8 @@ def __getattr__(name: str):
 
         return getattr(sae.api, name)
     raise AttributeError(f"module 'sae' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazy names too: dir(sae) and tab completion list the public API before first use
+    return sorted({*globals(), *__all__})

@@ -60,8 +60,8 @@ def test_train_returns_the_run_folder_and_load_reproduces_its_test_metrics(train
 
 
 def test_train_checks_settings_as_the_command_does(tmp_path):
-    with pytest.raises(ValueError, match="unknown setting lambda_"):
-        sae.train(lambda_=0.1)
+    with pytest.raises(ValueError, match=r"unknown setting lamda \(did you mean lam\?\)"):
+        sae.train(lamda=0.1)
     with pytest.raises(ValueError, match="--hidden"):
         sae.train(hidden=0, out=str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()

@@ -236,13 +236,16 @@ def test_flags_are_checked_before_lightning_is_imported():
 
 @pytest.mark.slow
 def test_piped_output_names_the_folder_first_then_one_line_per_epoch(tmp_path, data_dir):
-    """Piped (not a terminal): the run folder first, a line per validation, a line as each
-    finishing step starts and one with its time as it ends, the pages last."""
+    """Piped (not a terminal): what the start waits for first (torch's import), then the run
+    folder, a line per validation, a line as each finishing step starts and one with its time
+    as it ends, the pages last."""
     out = tmp_path / "run"
     result = run_cli(["--model", "l1", "--epochs", "3", "--out", out, *QUICK], tmp_path,
                      data_dir)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
+    assert lines[0] == "starting (0 s): importing torch and Lightning"
+    lines = [ln for ln in lines if not ln.startswith("starting (")]
     assert lines[0] == f"run folder: {out}"
     # QUICK's --k is no setting of the L1 SAE: said once
     assert lines[1] == "note: --k is ignored by --model l1: its sparsity is --lambda 0.01"
@@ -314,17 +317,18 @@ def test_a_split_the_images_cannot_hold_is_refused_before_the_run_folder(tmp_pat
     assert time.monotonic() - started < 60  # before torch: well under a second on a quiet machine
 
 
-def test_own_data_too_small_for_the_default_val_size_is_refused_before_the_run_folder(
+def test_own_data_too_small_for_its_val_size_is_refused_before_the_run_folder(
         tmp_path, data_dir):
     import numpy as np
 
     np.save(tmp_path / "acts.npy", np.random.default_rng(0).standard_normal((3000, 8),
                                                                             dtype=np.float32))
     out = tmp_path / "runs" / "own"
-    result = run_cli(["--data", "acts.npy", "--out", out], tmp_path, data_dir)
+    result = run_cli(["--data", "acts.npy", "--val-size", "1500", "--out", out], tmp_path,
+                     data_dir)
     assert_one_line_error(result)
-    assert ("--val-size 5,000 (the default): --data acts.npy has 3,000 training rows, too few "
-            "for 5,000 validation rows and as many test rows (it has no test split) and at "
+    assert ("--val-size 1,500: --data acts.npy has 3,000 training rows, too few "
+            "for 1,500 validation rows and as many test rows (it has no test split) and at "
             "least 2 to train on; give --val-size 1,499 or less") in result.stderr
     assert "run folder" not in result.stdout and not (tmp_path / "runs").exists()
 

@@ -26,6 +26,9 @@ def test_the_site_builds_strictly(tmp_path):
     assert {"models", "metrics", "results", "api", "running"} <= pages
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     assert "partial_spearman" in api and "match_features" in api
+    # sae.train's settings, from the typed settings, under the names users call
+    assert "--val-size" in api and "lambda_" in api and "RunConfig" in api
+    assert ">sae.load<" in api.replace(" ", "").replace("\n", "")
     # a page per published comparison, its verdict first, every figure and file it links served
     site = tmp_path / "site"
     for folder in sorted((REPO / "figures" / "compare").glob("*/comparison.md")):

@@ -137,4 +137,5 @@ def test_progress_lines_off_a_terminal_follow_the_clock(mnist_small, capsys, eve
     out = [line for line in capsys.readouterr().out.splitlines() if "ms a step" in line]
     assert bool(out) == lines
     if lines:  # one a step after the first (each with a step count that moved)
-        assert [line.split(" · ")[1] for line in out] == [f"step {s} of 4" for s in (1, 2, 3, 4)]
+        assert [line.split(" · ")[1:3] for line in out] == [[f"step {s}", f"{s + 1} of 4 done"]
+                                                            for s in (0, 1, 2, 3)]

@@ -205,7 +205,9 @@ def test_progress_lines_say_the_step_the_rate_and_the_time_left():
         num_training_batches, max_steps = 23399, -1
 
     line = progress_line(Trainer(), 0.0041)
-    assert line.startswith("epoch 1/2 · step 1200 of 46798 · 4.1 ms a step · about 3:07 left")
+    # the step as metrics.csv names it (from 0), then the count done
+    assert line.startswith("epoch 1/2 · step 1199 · 1200 of 46798 done · 4.1 ms a step · "
+                           "about 3:07 left")
 
 
 SLOW_SCAN = textwrap.dedent("""

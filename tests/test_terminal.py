@@ -220,6 +220,9 @@ def test_ctrl_c_closes_the_bar_then_says_the_report_and_lastly_the_resume_comman
     assert re.match(rf"Epoch 1/2: +\d+%\|.*\| {step}/256 ", lines[-4]), lines[-5:]
     text = shown.decode(errors="replace")
     assert "^Creport" not in text and "^Cinterrupted" not in text
+    if "^C" in text:  # echoed after the bar: its drawing at the stop wipes it from the line
+        line = text[text.rindex("^C"):].split("\n")[0].rstrip("\r")  # a pty ends lines \r\n
+        assert "Epoch 1/2" in line.split("\r")[-1] and "\x1b[K" in line.split("\r")[-1], line
     after_report = text[text.index("report …"):]
     assert "Epoch" not in after_report  # no bar drawn again after the stop
 

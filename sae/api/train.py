@@ -3,8 +3,9 @@
     folder = sae.train(model="topk", k=16, epochs=5, out="runs/topk-16")
     model = sae.load(folder)
 
-The keywords are the command's settings by field name (``lam`` for ``--lambda``, ``max_steps``
-for ``--max-steps``; ``python -m sae.run --help`` lists them), or a ready
+The keywords are the command's settings by field name (``lam``, or ``lambda_``, for
+``--lambda``; ``max_steps`` for ``--max-steps``; the API reference and ``python -m sae.run
+--help`` list them; a misspelt one names the closest), or a ready
 ``sae.settings.config.RunConfig``. They are checked as the command checks its flags, the
 run prints what the command prints, and the run folder (``out``, or a new folder under
 ``runs/``) is returned.
@@ -22,6 +23,7 @@ from sae.data.streamed import register_python_source, release_python_source
 from sae.runner.command import main  # the command itself: one code path for both
 from sae.settings.cli import SETTINGS, UsageError, run_config, to_argv
 from sae.settings.config import RunConfig
+from sae.settings.setting import did_you_mean
 from sae.system.process import RUN_ENV
 from sae.training.runfolder import release
 
@@ -87,11 +89,36 @@ def _checked_types(given: dict) -> dict:
     return given
 
 
+# keywords that name a setting whose field name Python will not take (``lambda``)
+SYNONYMS = {"lambda_": "lam"}
+
+
+def _known_names(given: dict) -> dict:
+    """``given`` with each synonym under its field name (``lambda_=`` is ``lam``); an unknown
+    name is a one-line ValueError naming the closest setting (``lamda``: ``lam``)."""
+    for synonym, name in SYNONYMS.items():
+        if synonym in given:
+            if name in given:
+                raise ValueError(f"{synonym} and {name} are the same setting; give one")
+            given = {(name if k == synonym else k): v for k, v in given.items()}
+    unknown = sorted(name for name in given if name not in SETTINGS)
+    if unknown:
+        named = []
+        for name in unknown:
+            hint = did_you_mean(name, SETTINGS)  # "; did you mean lam?"
+            named.append(f"{name} ({hint[2:]})" if hint else name)
+        raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(named)}"
+                         "; see help(sae.train) or python -m sae.run --help")
+    return given
+
+
 def train(config: RunConfig | None = None, **settings) -> Path | list[Path]:
     """Train one SAE; returns its run folder.
 
     ``settings``: ``python -m sae.run``'s settings by field name (``model``, ``hidden``,
-    ``lam``, ``k``, ``epochs``, ``dataset`` or ``data``, ``out``, ``resume``, ...); ``config``:
+    ``lam`` or ``lambda_``, ``k``, ``epochs``, ``dataset`` or ``data``, ``out``, ``resume``,
+    ...; the API reference's table lists them all); an unknown keyword is a one-line
+    ``ValueError`` naming the closest (``lamda``: did you mean ``lam``?); ``config``:
     a ``RunConfig`` instead (keywords given beside it replace its values). ``source`` may
     also be a ``(model, dataset)`` pair, with ``hook`` the layer to read while the model runs
     (``sae.data.streamed``); resume such a run with the same pair and ``resume="last"``.
@@ -103,17 +130,15 @@ def train(config: RunConfig | None = None, **settings) -> Path | list[Path]:
     if config is not None and not isinstance(config, RunConfig):
         raise ValueError(f"sae.train takes settings by keyword (sae.train(model=\"topk\", "
                          f"k=16)) or a RunConfig, got {config!r:.40}")
-    given = {**(config.settings() if config is not None else {}), **settings}
+    # a RunConfig's settings (not its fields set from the data, input_dim, or fixed, aux_coef)
+    given = {**({k: v for k, v in config.settings().items() if k in SETTINGS}
+                if config is not None else {}), **settings}
     if given.get("source") is not None and not isinstance(given["source"], str):
         given["source"] = register_python_source(given["source"])  # a (model, dataset)
     hooks = given.get("hook")
     if isinstance(hooks, list | tuple):  # several layers: a run folder each, under out
         given["hook"] = ",".join(map(str, hooks))
-    unknown = sorted(name for name in given if name not in SETTINGS)
-    if unknown:
-        raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
-                         f"{', '.join(unknown)}; see python -m sae.run --help")
-    given = _checked_types(given)
+    given = _checked_types(_known_names(given))
     try:
         argv = to_argv(given)
         out = Path(run_config(argv).folder.out)  # the folder chosen now, named to the run

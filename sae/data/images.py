@@ -43,6 +43,7 @@ from sae.data.imagefiles import (  # noqa: F401 (where the files are found: sae.
 )
 from sae.data.imagefiles import has_any_idx as _has_any_idx
 from sae.data.imagefiles import idx_path as _idx_path
+from sae.data.splits import val_rows
 from sae.system.io import open_regular
 
 CLASS_NAMES: dict[str, list[str]] = {
@@ -345,13 +346,15 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
     """Train / validation / test splits of MNIST or Fashion-MNIST as flat float tensors.
 
     The validation split is carved from the training set with a fixed seed (``split_seed``), so
-    runs with different training seeds see the same validation images. ``limit_train`` keeps only
-    the first n training images (after the split) for quick runs.
+    runs with different training seeds see the same validation images; ``val_size`` is a count,
+    a fraction or None (:func:`sae.data.splits.val_rows`: 5 000 of MNIST's 60 000).
+    ``limit_train`` keeps only the first n training images (after the split) for quick runs.
     """
 
     def __init__(self, dataset: str = "mnist", data_dir: str | None = None, batch_size: int = 256,
-                 val_size: int = 5000, split_seed: int = 0, limit_train: int | None = None,
-                 limit_test: int | None = None, cache_dir: str | None = None,
+                 val_size: int | float | None = None, split_seed: int = 0,
+                 limit_train: int | None = None, limit_test: int | None = None,
+                 cache_dir: str | None = None,
                  download: bool = True, shuffle_seed: int = 0):
         super().__init__()
         self.shuffle_seed = shuffle_seed  # the training order's seed (EpochShuffle)
@@ -367,6 +370,7 @@ class ImageDataModule(IndexedLoaders, L.LightningDataModule):
             return
         arrays = load_arrays(self.dataset, self.data_dir, self.cache_dir, self.download)
         n_train = len(arrays.train_images)
+        self.val_size = val_rows(self.val_size, n_train)  # a count from here on
         if not 0 < self.val_size < n_train:
             raise DataSourceError(f"val_size {self.val_size} must be in (0, {n_train})")
         key = (arrays.stamp, self.val_size, self.split_seed, self.limit_train, self.limit_test)

@@ -23,8 +23,9 @@ Two ways to name such data (``--data``):
   probes and the class figures), ``rows`` an (N,) integer ``.npy`` of the image each row came
   from (row i of the train split came from image ``rows[i]`` of the dataset's training split),
   and ``texts`` (instead of images) a UTF-8 file with one line per row, e.g. a token in its
-  context. ``test`` is optional: without it the test split is carved from ``train`` as the
-  validation split is. ``python -m sae.layer`` writes such a manifest for a trained
+  context. ``val`` and ``test`` are optional: without them the validation and test splits are
+  carved from ``train`` (``--val-size`` rows each); ``val`` rows, like carved ones, index the
+  image dataset's training split. ``python -m sae.layer`` writes such a manifest for a trained
   classifier's hidden layer.
 
 Matrices are opened for reading rows on demand (:mod:`sae.data.npyfile`, never with pickles,
@@ -174,6 +175,7 @@ class MatrixData:
     train: MatrixSplit
     test: MatrixSplit | None
     images: str | None = None
+    val: MatrixSplit | None = None  # validation rows of their own (else carved from train)
     class_names: list[str] | None = None
     source: Path | None = None
     truth_features: np.ndarray | None = None  # [F, D]: the true dictionary, when known
@@ -188,8 +190,12 @@ class MatrixData:
             return None
         if self.class_names is not None:
             return len(self.class_names)
-        labels = [s.labels for s in (self.train, self.test) if s is not None]
+        labels = [s.labels for s in self.splits()]
         return int(max(int(v.max()) for v in labels)) + 1
+
+    def splits(self) -> list[MatrixSplit]:
+        """The splits the data gives: train, then val and test where given."""
+        return [s for s in (self.train, self.val, self.test) if s is not None]
 
 
 def _split(entry: object, folder: Path, name: str, images: str | None,
@@ -303,8 +309,8 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
             from None
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
         raise MatrixError(f"{path}: a manifest is a JSON object with \"format\": \"{FORMAT}\"")
-    unknown = set(spec) - {"format", "name", "train", "test", "images", "class_names", "source",
-                           "truth"}
+    unknown = set(spec) - {"format", "name", "train", "val", "test", "images", "class_names",
+                           "source", "truth"}
     if unknown:
         raise MatrixError(f"{path}: unknown keys {sorted(unknown)}")
     images = spec.get("images")
@@ -319,32 +325,42 @@ def _manifest(path: Path, data_dir: str | Path | None = None) -> MatrixData:
     count = (lambda split: _image_count(images, split, data_dir)) if images else \
         (lambda split: None)
     train = _split(spec.get("train"), folder, "train", images, count("train"))
-    test = None
-    if spec.get("test") is not None:
-        test = _split(spec["test"], folder, "test", images, count("test"))
-        if test.x.shape[1] != train.x.shape[1]:
-            raise MatrixError(f"{path}: test rows have {test.x.shape[1]} numbers, train rows "
-                              f"{train.x.shape[1]}")
-        if (test.labels is None) != (train.labels is None):
-            raise MatrixError(f"{path}: labels must be given for both splits or neither")
+    # validation rows index the image dataset's training split, as carved ones would
+    val, test = (_other_split(spec, path, name, train, images, count(where))
+                 for name, where in (("val", "train"), ("test", "test")))
     names = spec.get("class_names")
     if names is not None:
         if not (isinstance(names, list) and names and all(isinstance(c, str) for c in names)):
             raise MatrixError(f"{path}: \"class_names\" must be a list of strings")
-        top = max(int(s.labels.max()) for s in (train, test) if s is not None
+        top = max(int(s.labels.max()) for s in (train, val, test) if s is not None
                   and s.labels is not None) if train.labels is not None else -1
         if top >= len(names):
             raise MatrixError(f"{path}: label {top} has no name in \"class_names\" "
                               f"({len(names)} names)")
     name = spec.get("name") if isinstance(spec.get("name"), str) else path.stem
-    splits = [s for s in (train, test) if s is not None]
+    splits = [s for s in (train, val, test) if s is not None]
     truth = None
     if spec.get("truth") is not None:
         truth = _truth(spec["truth"], folder, train.x.shape[1], splits)
     elif any(s.active is not None for s in splits):
         raise MatrixError(f"{path}: \"active\" needs \"truth\" (the true features it marks)")
     return MatrixData(name=name, train=train, test=test, images=images, class_names=names,
-                      source=path, truth_features=truth)
+                      source=path, truth_features=truth, val=val)
+
+
+def _other_split(spec: dict, path: Path, name: str, train: MatrixSplit, images: str | None,
+                 n_images: int | None) -> MatrixSplit | None:
+    """The manifest's ``val`` or ``test`` split (None when not given), checked against
+    ``train``: rows of the same width, labels where train has them."""
+    if spec.get(name) is None:
+        return None
+    split = _split(spec[name], folder=path.parent, name=name, images=images, n_images=n_images)
+    if split.x.shape[1] != train.x.shape[1]:
+        raise MatrixError(f"{path}: {name} rows have {split.x.shape[1]} numbers, train rows "
+                          f"{train.x.shape[1]}")
+    if (split.labels is None) != (train.labels is None):
+        raise MatrixError(f"{path}: labels must be given for every split or none")
+    return split
 
 
 def load_data(path: str | Path, check_finite: bool = True,
@@ -367,7 +383,7 @@ def load_data(path: str | Path, check_finite: bool = True,
                           test=None, source=path)
     _check_classes(data)
     if check_finite:
-        splits = [s for s in (data.train, data.test) if s is not None]
+        splits = data.splits()
         total, done = sum(s.x.shape[0] * s.x.shape[1] * s.x.dtype.itemsize for s in splits), 0
         for split in splits:
             report = None if progress is None else \
@@ -405,7 +421,7 @@ def describe(data: MatrixData) -> dict:
     have labels (the pages of a run on rows without labels show no classes)."""
     out: dict = {"name": data.name, "source": str(data.source), "images": data.images,
                  "labelled": data.train.labels is not None}
-    for name, split in (("train", data.train), ("test", data.test)):
+    for name, split in (("train", data.train), ("val", data.val), ("test", data.test)):
         if split is None:
             continue
         sha = split.scan.sha256 if split.scan is not None and split.scan.sha256 else \
@@ -433,8 +449,7 @@ def _stamps(paths) -> tuple:
 
 
 def _files(data: MatrixData) -> list[Path]:
-    return [data.source] + [f for s in (data.train, data.test) if s is not None
-                            for f in s.files.values()]
+    return [data.source] + [f for s in data.splits() for f in s.files.values()]
 
 
 def checked(path: str | Path, data_dir: str | Path | None = None) -> tuple[MatrixData, dict]:

@@ -6,7 +6,8 @@
 loaders), with the same split conventions: the validation rows are carved from the training
 split with the fixed ``split_seed``, ``limit_train`` keeps the first rows of the rest, and a data
 set without a test split gives up as many rows again (also carved with ``split_seed``) as its test
-split. Validation and test rows are read into memory (they are small and evaluated whole); the
+split. A manifest's own ``val`` (or ``test``) rows are used as they are, and nothing is carved for
+them. Validation and test rows are read into memory (they are small and evaluated whole); the
 training rows stay in the memory-mapped file and are read a batch at a time
 (:class:`MatrixRows`), so a file larger than memory trains.
 
@@ -40,6 +41,7 @@ import torch
 from sae.data.images import EpochShuffle, IndexedLoaders
 from sae.data.matrix import MatrixError, checked, manifest_name
 from sae.data.scan import moments, sums
+from sae.data.splits import val_rows
 from sae.metrics import principal_components
 
 __all__ = ["BlockShuffle", "MatrixDataModule", "MatrixRows", "TrainMoments", "Truth", "checked",
@@ -181,7 +183,8 @@ class TrainMoments:
 class MatrixDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
     """Train / validation / test splits of an activation matrix (see the module docstring)."""
 
-    def __init__(self, path: str | Path, batch_size: int = 256, val_size: int = 5000,
+    def __init__(self, path: str | Path, batch_size: int = 256,
+                 val_size: int | float | None = None,
                  split_seed: int = 0, limit_train: int | None = None,
                  limit_test: int | None = None, shuffle_seed: int = 0, in_memory: bool = False,
                  data_dir: str | Path | None = None):
@@ -205,25 +208,15 @@ class MatrixDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
         self.class_names = (data.class_names or [str(c) for c in range(data.n_classes)]) \
             if self.has_labels else list(NO_LABELS)
         n = len(data.train.x)
-        carved = 1 if data.test is not None else 2  # validation, and test when not given
-        if not 0 < self.val_size or carved * self.val_size >= n:
-            what = "validation rows" if carved == 1 else "validation and as many test rows"
-            raise MatrixError(f"--val-size {self.val_size}: {self.path} has {n} training rows, "
-                              f"too few for {what} and training; give a smaller --val-size")
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-        perm = perm.numpy()
-        v = self.val_size
-        val_idx, rest = np.sort(perm[:v]), perm[v * carved:]
+        val_idx, test_idx, rest = self._carve(data, n)
         if self.limit_train:
             rest = rest[: self.limit_train]
         self.train_index = np.sort(rest)  # file order: a block of the order is one read
-        self.val_x, self.val_y = self._split(data.train, val_idx)
-        self.held_out = [val_idx]  # the rows of the training file not trained on
-        if data.test is None:
-            test_split, test_idx = data.train, np.sort(perm[v:2 * v])
-            self.held_out.append(test_idx)
-        else:
-            test_split, test_idx = data.test, np.arange(len(data.test.x))
+        val_split = data.val if data.val is not None else data.train
+        self.val_x, self.val_y = self._split(val_split, val_idx)
+        self.held_out = [i for i, split in ((val_idx, data.val), (test_idx, data.test))
+                         if split is None]  # the rows of the training file not trained on
+        test_split = data.test if data.test is not None else data.train
         if self.limit_test:
             test_idx = test_idx[: self.limit_test]
         self.test_x, self.test_y = self._split(test_split, test_idx)
@@ -236,13 +229,35 @@ class MatrixDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
             [test_split.texts[i] for i in test_idx]
         self.truth = None if data.truth_features is None else Truth(
             torch.from_numpy(data.truth_features),
-            val=_bits(data.train.active, val_idx, len(data.truth_features)),
+            val=_bits(val_split.active, val_idx, len(data.truth_features)),
             test=_bits(test_split.active, test_idx, len(data.truth_features)))
         rows = MatrixRows(data.train.x, self.train_index)
         self.train_x = rows[:] if self.in_memory else rows
         self.train_y = self._labels(data.train, self.train_index)
         self.source, self.stamp = str(self.path), ()
         self._loaded = True
+
+    def _carve(self, data, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(validation rows, test rows, training rows): of their own split where the data
+        gives one, else carved from the ``n`` training rows with ``split_seed`` (validation
+        first, then test; ``--val-size`` rows each, :func:`sae.data.splits.val_rows`)."""
+        carved = (data.val is None) + (data.test is None)
+        self.val_size = val_rows(self.val_size, n) if carved else len(data.val.x)
+        if carved and (self.val_size < 1 or carved * self.val_size >= n):
+            what = "validation rows" if data.val is None else "test rows"
+            what = "validation and as many test rows" if carved == 2 else what
+            raise MatrixError(f"--val-size {self.val_size}: {self.path} has {n} training rows, "
+                              f"too few for {what} and training; give a smaller --val-size")
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
+        perm, v, used = perm.numpy(), self.val_size, 0
+        own = {"val": data.val, "test": data.test}
+        rows = {}
+        for name in ("val", "test"):
+            if own[name] is not None:
+                rows[name] = np.arange(len(own[name].x))
+            else:
+                rows[name], used = np.sort(perm[used:used + v]), used + v
+        return rows["val"], rows["test"], perm[used:]
 
     def _labels(self, split, index: np.ndarray) -> torch.Tensor:
         if split.labels is None:

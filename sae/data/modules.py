@@ -15,14 +15,14 @@ def data_module(settings: dict, **extra):
     (batch_size, shuffle_seed)."""
     get = settings.get
     if get("source"):
-        return StreamedDataModule(get("source"), get("hook"), val_size=get("val_size", 5000),
+        return StreamedDataModule(get("source"), get("hook"), val_size=get("val_size"),
                                   limit_train=get("limit_train"), limit_test=get("limit_test"),
                                   buffer_rows=get("buffer_rows", 8192),
                                   positions=get("positions", "all"), **extra)
     if get("data"):
-        return MatrixDataModule(get("data"), val_size=get("val_size", 5000),
+        return MatrixDataModule(get("data"), val_size=get("val_size"),
                                 limit_train=get("limit_train"), limit_test=get("limit_test"),
                                 data_dir=get("data_dir"), **extra)
     return ImageDataModule(get("dataset", "mnist"), get("data_dir"),
-                           val_size=get("val_size", 5000), limit_train=get("limit_train"),
+                           val_size=get("val_size"), limit_train=get("limit_train"),
                            limit_test=get("limit_test"), **extra)

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from sae.data.imagefiles import find_folder, not_found, training_images
-from sae.settings.cli import SETTINGS
+from sae.data.splits import large_val_note, val_rows
 from sae.settings.config import RunConfig
 from sae.settings.setting import UsageError
 from sae.system.io import open_regular, read_text, write_json
@@ -61,7 +61,7 @@ def current_sha256(path: str | Path) -> str:
 def _remember(record: dict) -> None:
     """Keep the SHA-256 the checks computed, so that a page built in the same process does not
     read the files again."""
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):
         entry = record.get(split)
         if isinstance(entry, dict):
             try:
@@ -76,7 +76,7 @@ def changed_data(folder: str | Path) -> str | None:
     recorded = read_record(folder)
     if recorded is None:
         return None
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):
         entry = recorded.get(split)
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             continue
@@ -103,7 +103,7 @@ def read_record(folder: str | Path) -> dict | None:
 
 def same_data(record: dict, recorded: dict, path: str) -> str | None:
     """Why the data of ``record`` is not that of ``recorded`` (one line), or None."""
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):
         new, old = record.get(split), recorded.get(split)
         if new is None and old is None:
             continue
@@ -224,28 +224,38 @@ def header_record(settings: dict) -> dict | None:
     return {"train": {"shape": list(shape)}, "test": None} if usable else None
 
 
-def check_split(settings: dict, record: dict | None = None) -> None:
+def check_split(settings: dict, record: dict | None = None, note: bool = True) -> int | None:
     """Refuse split settings that the data cannot hold, before any work: a ``--val-size``
     (and as many test rows, carved from the training rows when the data has no test split)
     that leaves fewer than 2 rows to train on. ``settings``: a run's flat settings; ``record``:
     its ``--data`` record (:func:`check_data`), None for images (their files' header is read).
-    Raises UsageError."""
-    val = int(settings.get("val_size") or 0)
+    Returns the validation rows ``--val-size`` resolves to (:func:`sae.data.splits.val_rows`),
+    None where the rows are not known yet (or a manifest gives its own ``val`` rows); with
+    ``note``, a split over a quarter of the rows prints a note. Raises UsageError."""
     if settings.get("data"):
         if record is None:
-            return
-        n, carved = int(record["train"]["shape"][0]), 1 if record.get("test") else 2
+            return None
+        n = int(record["train"]["shape"][0])
+        carved = (0 if record.get("val") else 1) + (0 if record.get("test") else 1)
         holds = f"--data {settings['data']} has {n:,} training rows"
         unit = "rows"
     else:
         dataset = settings.get("dataset", "mnist")
         n, carved = _image_count(dataset, settings.get("data_dir")), 1
         if n is None:
-            return
+            return None
         holds, unit = f"{dataset} has {n:,} training images", "images"
+    if carved == 0:  # validation and test rows of their own
+        return None
+    val = val_rows(settings.get("val_size"), n)
     if carved * val + MIN_TRAIN_ROWS <= n:
-        return
-    default = " (the default)" if val == SETTINGS["val_size"].default else ""
+        if record is not None and record.get("val") is not None:
+            return None  # only test rows are carved: --val-size validates nothing here
+        line = large_val_note(val, n, unit) if note else None
+        if line:
+            print(line, flush=True)
+        return val
+    default = " (the default)" if settings.get("val_size") is None else ""
     test = " and as many test rows (it has no test split)" if carved == 2 else ""
     most = (n - MIN_TRAIN_ROWS) // carved
     fix = f"give --val-size {most:,} or less" if most >= 1 else \

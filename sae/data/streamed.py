@@ -66,6 +66,7 @@ from sae.data.matrixdata import PCA_ROWS, TrainMoments
 from sae.data.rowcache import cached_reader
 from sae.data.rundata import read_record
 from sae.data.scan import moments, sums
+from sae.data.splits import val_rows
 from sae.data.tokens import RowLayout, TokenShuffle, row_counts, row_texts
 from sae.metrics import principal_components
 from sae.settings.cli import UsageError
@@ -302,7 +303,8 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
     test_texts = None
     truth = None
 
-    def __init__(self, source: str, hook: str, batch_size: int = 256, val_size: int = 5000,
+    def __init__(self, source: str, hook: str, batch_size: int = 256,
+                 val_size: int | float | None = None,
                  split_seed: int = 0, limit_train: int | None = None,
                  limit_test: int | None = None, shuffle_seed: int = 0, buffer_rows: int = 8192,
                  positions: str = "all"):
@@ -330,6 +332,7 @@ class StreamedDataModule(TrainMoments, IndexedLoaders, L.LightningDataModule):
             model, layer, _device_of(model), self.buffer_rows, self.hook, self.positions)
         n = len(train)
         carved = 1 if test is not None else 2
+        self.val_size = val_rows(self.val_size, n)  # a count from here on
         if not 0 < self.val_size or carved * self.val_size >= n:
             raise SourceError(f"--val-size {self.val_size}: the source has {n} training inputs, "
                               "too few for validation (and test) inputs and training")

@@ -102,7 +102,8 @@ class SparseAutoencoder(nn.Module):
         raise NotImplementedError
 
     def encode(self, x: Tensor) -> Tensor:
-        """x [B, D] -> h [B, H]."""
+        """x [B, D] -> h [B, H]: the codes of rows as the model was trained on them (images:
+        floats in [0, 1], 784 of them; own activations: as given to training)."""
         a, x_centred = self.pre_activations(x)
         return self.code(a, x_centred)[0]
 

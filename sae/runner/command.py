@@ -62,9 +62,7 @@ from sae.system.process import (
     new_line_after_ctrl_c,
     raise_terminated,
     running_as,
-    stop_code,
     stop_with_parent,
-    stop_word,
 )
 from sae.system.process import signals_held as _signals_held
 from sae.training import runfolder
@@ -108,7 +106,23 @@ def _importing(on_stop):
     task meanwhile (:mod:`sae.system.status`)."""
     with importing(on_stop if running_as("sae.run") else None), \
             status.task("importing torch and Lightning"):
+        _announce()
         yield
+
+
+def _announce() -> None:
+    """The start-up's status line at once, the first time torch is imported (seconds): the
+    command's first line says what it waits for, before the run folder's."""
+    global _ANNOUNCED
+    live = status.running()
+    if live is not None and not _ANNOUNCED:
+        _ANNOUNCED = True
+        line = live.line()
+        if line is not None:
+            live.write(line)
+
+
+_ANNOUNCED = False
 
 
 def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
@@ -121,6 +135,8 @@ def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
     if config.data.source:  # the model's layer: opened and read once, before the folder
         with _importing(on_stop):
             from sae.data.streamed import check_source  # torch: only for --source
+
+            _import_training()
         explicit = "source" in vars(build_parser(suppress=True).parse_args(argv))
         with status.task(f"opening --source {config.data.source} and reading its layer"):
             record = check_source(config, explicit)
@@ -129,19 +145,29 @@ def _checked(argv: list[str], on_stop=None) -> tuple[RunConfig, dict | None]:
         return config, record
     if not config.data.data:
         check_data(config)  # a resumed --data run needs its data
-        check_split(config.settings())  # from the training file's header
+        _pin_val_size(config, check_split(config.settings()))  # from the training file's header
+        with _importing(on_stop):  # before the run folder's line: the first line says it
+            _import_training()
         return config, None
-    check_split(config.settings(), header_record(config.settings()))  # at once, before torch
+    # at once, before torch; its note once the data is read in full, below
+    check_split(config.settings(), header_record(config.settings()), note=False)
     # reading and checking every file (seconds for a large one) runs beside the imports, and is
     # not held: Ctrl-C or SIGTERM stops it at once, with nothing written
     pending = DataCheck(config.data.data, config.data.data_dir)
     with _importing(on_stop):
-        import sae.data.matrixdata  # noqa: F401
+        _import_training()
     record = check_data(config, pending)
-    check_split(config.settings(), record)
+    _pin_val_size(config, check_split(config.settings(), record))
     config.sae.input_dim = int(record["train"]["shape"][1])
     check_model(config.sae)
     return config, record
+
+
+def _pin_val_size(config: RunConfig, rows: int | None) -> None:
+    """``--val-size`` as the count of rows it resolved to (a fraction, or the default rule),
+    so that ``config.yaml`` and a resume hold the split the run trained with."""
+    if rows is not None:
+        config.data.val_size = rows
 
 
 def _import_training() -> None:
@@ -220,17 +246,11 @@ def _main(argv: list[str]) -> int:
         with _signals_held():  # the folder is claimed and its settings written whole
             created = _start(config, record, out, primary, argv)
             claimed = True
-            if primary:  # within a second of the command: torch is not imported yet
+            if primary:  # after the imports' status line (torch and Lightning are loaded)
                 print(f"run folder: {out}" + (" (resuming)" if resuming else ""), flush=True)
                 for note in unused_flags(argv, config):  # beside the run's other notes
                     print(note, flush=True)
 
-        def on_stop(e: BaseException) -> int:  # the start is undone (a resume keeps its run)
-            return _stopped(config, out, created, primary, say, stop_word(e), stop_code(e),
-                            report=False)
-
-        with _importing(on_stop):
-            _import_training()
     except UsageError as e:
         say(f"error: {e}")
         return EXIT_USAGE

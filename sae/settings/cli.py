@@ -519,6 +519,9 @@ def check_run(config: RunConfig) -> None:
         raise UsageError(f"--precision {hardware.precision} keeps the weights in 16 bits, which "
                          "these models cannot train or be evaluated in; use "
                          f"{hardware.precision.replace('true', 'mixed')}")
+    if config.output.logger == "wandb" and find_spec("wandb") is None:
+        raise UsageError("--logger wandb needs the wandb package, which is not installed: "
+                         "pip install -e \".[wandb]\" (the wandb extra)")
     for flag, value in (("--accelerator", hardware.accelerator),
                         ("--precision", hardware.precision)):
         if value in NEEDS_PACKAGE and find_spec(NEEDS_PACKAGE[value]) is None:

@@ -63,6 +63,7 @@ PROBE_LOSSES = ("softmax", "sparsemax")  # the losses a linear probe can be fitt
 # what Lightning's Trainer(precision=...) accepts
 PRECISIONS = ("64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true",
               "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")
+LOGGERS = ("tensorboard", "csv", "wandb")  # --logger: metrics.csv is written with each
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
@@ -272,8 +273,11 @@ class DataConfig:
                              "mask is true)", choices=POSITIONS)
     data_dir: str | None = setting(None, "folder with the IDX files (default: $SAE_DATA_DIR, "
                                    "torchvision's cache, then download)", nullable=True)
-    val_size: int = setting(5000, "validation images carved from train (fixed split seed)",
-                            low=1)
+    val_size: int | float | None = setting(
+        None, "validation rows carved from train (fixed split seed): a count, or a fraction "
+        "(0 < f < 1) of the training rows; default the smaller of 5,000 and 10 percent of them "
+        "(MNIST: 5,000); a --data manifest's own val rows replace it", nullable=True,
+        kind="size")
     limit_train: int | None = setting(None, "use only this many training images (quick runs)",
                                       low=2, nullable=True)  # training needs two
     limit_test: int | None = setting(None, "use only this many test images", low=1,
@@ -291,6 +295,10 @@ class OutputConfig:
     no_features: bool = setting(False, "write no features.html (the feature browser; its t-SNE "
                                 "takes a few seconds)")
     log_every: int = setting(50, "log training metrics every N steps", low=1)
+    logger: str = setting("tensorboard", "where the curves go besides metrics.csv (always "
+                          "written): TensorBoard (<out>/tensorboard), none more (csv), or "
+                          "Weights & Biases (wandb: pip install -e \".[wandb]\")",
+                          choices=LOGGERS)
     progress: str = setting("auto", "progress bar (auto: only on a terminal)",
                             choices=("auto", "on", "off"))
 

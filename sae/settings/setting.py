@@ -30,7 +30,7 @@ def setting(default, help: str = "", *, key: str | None = None, choices: tuple |
     dashes); ``low``/``high`` bound numbers (``low_open``: strictly above ``low``); ``nullable``
     admits ``null``/``none``; ``group`` overrides the section's --help heading; ``kind`` names a
     special parser (``devices``: auto, N or a list; ``optional-path``: ``--resume [CKPT]`` with
-    ``const`` when given bare).
+    ``const`` when given bare; ``size``: a count >= 1 or a fraction 0 < f < 1).
     """
     meta = {"help": help, "key": key, "choices": choices, "low": low, "high": high,
             "low_open": low_open, "nullable": nullable, "group": group, "kind": kind,
@@ -42,7 +42,7 @@ def setting(default, help: str = "", *, key: str | None = None, choices: tuple |
 class Setting:
     name: str  # the dataclass field
     key: str  # in YAML files (flag: --key with dashes)
-    type: str  # int, float, str, bool, devices or path (an optional path: --resume [CKPT])
+    type: str  # int, float, str, bool, devices, size (count or fraction) or path (--resume [CKPT])
     default: object
     help: str
     group: str
@@ -66,7 +66,7 @@ def setting_of(f: Field, heading: str = "", file: bool = True) -> Setting | None
     if meta is None:
         return None
     base = str(f.type).split("|")[0].strip()
-    kind = {"devices": "devices", "optional-path": "path"}.get(meta["kind"], base)
+    kind = {"devices": "devices", "optional-path": "path", "size": "size"}.get(meta["kind"], base)
     return Setting(f.name, meta["key"] or f.name, kind, f.default, meta["help"],
                    meta["group"] or heading, meta["choices"], meta["low"], meta["high"],
                    meta["low_open"], meta["nullable"], meta["const"], file)
@@ -158,6 +158,23 @@ def _devices(value):
     return items
 
 
+def _size(value):
+    """A count (an integer >= 1) or a fraction (0 < f < 1)."""
+    given = value
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    if isinstance(value, float) and value.is_integer() and value >= 1:
+        value = int(value)
+    if isinstance(value, bool) or not (isinstance(value, int) and value >= 1 or
+                                       isinstance(value, float) and 0 < value < 1):
+        raise ValueError(f"expected a count >= 1 or a fraction between 0 and 1, got "
+                         f"{shown(given)}")
+    return value
+
+
 def convert(s: Setting, value, text: bool = False):
     """``value`` (command-line text when ``text``, else a YAML value) checked for setting ``s``.
 
@@ -174,6 +191,8 @@ def convert(s: Setting, value, text: bool = False):
         return _number(s, value)
     if s.type == "devices":
         return _devices(value)
+    if s.type == "size":
+        return _size(value)
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected text, got {shown(value)}")
     value = str(value)

@@ -134,6 +134,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -143,6 +144,7 @@ from sae.data.rundata import check_sweep_data
 from sae.pages import gallery
 from sae.settings.cli import OneLineParser, UsageError, path_arg, shown
 from sae.sweep.analysis import DataCache, run_metrics
+from sae.sweep.heartbeat import STARTING_EVERY, Heartbeat, starting_line, sweep_status
 from sae.sweep.launch import (
     MAX_JOBS,
     check_folders,
@@ -371,7 +373,14 @@ def dry_run(sweep_dir: Path, runs: list[Run], say: Callable[[str], None]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    started = time.time()  # the heartbeat's clock, and the age of a log it reads
+    # a line every few seconds until the sweep's first (checks of large data, Ray's start)
+    with Heartbeat(lambda line: print(line, flush=True), lambda: starting_line(started),
+                   every=STARTING_EVERY) as starting:
+        return _main(argv, started, starting)
 
+
+def _main(argv: list[str], started: float, starting: Heartbeat) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
@@ -409,19 +418,26 @@ def main(argv: list[str] | None = None) -> int:
     threads = pool.threads if pool is not None else threads  # a cluster's nodes may hold fewer
     with held:
         write_text(args.out / "sweep.yaml", sweep.text)
+        starting.stop()
         say(f"sweep {sweep.path.name}: {len(runs)} runs → {args.out} "
             f"({args.jobs} at a time, {threads} CPU thread{'s' * (threads > 1)} each)")
         data = DataCache()  # the splits this process loads, shared by the analysis and tables
+        doing: list[str] = []  # what the heartbeat names once no run trains
+        beat = Heartbeat(say, lambda: sweep_status(args.out, runs, started,
+                                                   doing[-1] if doing else None))
         try:
-            analyses, failed = run_sweep(
-                args.out, runs, args.jobs, gpus, say, workers=args.engine == "workers",
-                data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data),
-                pool=pool, stack=args.stack)
+            with beat:
+                analyses, failed = run_sweep(
+                    args.out, runs, args.jobs, gpus, beat.say, workers=args.engine == "workers",
+                    data=data, on_idle=lambda finished: prepare_outputs(args.out, finished, data),
+                    pool=pool, stack=args.stack)
         except STOPS as e:
             return interrupted(e, f"run the same command again to continue ({args.out})")
         failed += report_damaged(args.out, runs, say)
         try:
-            written = write_outputs(args.out, sweep, runs, analyses, data)
+            doing.append("writing the tables and figures")
+            with beat:
+                written = write_outputs(args.out, sweep, runs, analyses, data)
             say("wrote " + ", ".join(str(p.relative_to(args.out)) for p in written) +
                 f" in {args.out}")
             if args.publish is not None:

@@ -107,7 +107,7 @@ class FigureCallback(L.Callback):
         n = class_count.sum().clamp_min(1)
         self.stats = {
             "epoch": trainer.current_epoch + 1,  # counted from 1, as the terminal counts it
-            "step": trainer.global_step,
+            "step": max(0, trainer.global_step - 1),  # the last step's index, as metrics.csv
             "freq": (class_fires.sum(0) / n).cpu().numpy(),
             "class_freq": (class_fires / class_count.clamp_min(1)[:, None]).cpu().numpy(),
             "l0": l0.cpu().numpy(),
@@ -231,7 +231,7 @@ def figures_from_checkpoint(run_dir: str | Path) -> list[Path]:
     validated = read_validation(run_dir / "metrics.csv")
     epoch = validated[-1]["epoch"] + 1 if validated else max(1, int(state.get("epoch", 0)))
     stats = validation_stats(model, dm.val_x, dm.val_y, len(dm.class_names), epoch=epoch,
-                             step=int(state.get("global_step", 0)))
+                             step=max(0, int(state.get("global_step", 0)) - 1))
     config = SAEConfig.from_dict(state["hyper_parameters"]["config"])
     return render_figures(stats, run_dir / "figures", run_label(config, dm.dataset),
                           dm.class_names, images=not settings.get("data"))

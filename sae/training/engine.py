@@ -116,6 +116,26 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def run_loggers(config: RunConfig, out: Path, session: str) -> list:
+    """The fit's loggers: the session's CSV log always (``metrics.csv`` is merged from it, and
+    the pages, a resume and sweeps read that), then ``--logger``'s: TensorBoard in
+    ``<out>/tensorboard``, nothing more (``csv``), or Weights & Biases (``wandb``: one wandb run
+    per session, named after the run folder and grouped by it; wandb keeps its own files where
+    ``WANDB_DIR`` says, not in the run folder, whose layout stays the tool's)."""
+    loggers: list = [CSVLogger(out, name="logs", version=session)]
+    if config.output.logger == "tensorboard":
+        loggers.append(bounded_tensorboard_logger(out))
+    elif config.output.logger == "wandb":
+        from lightning.pytorch.loggers import WandbLogger  # wandb: an optional extra
+
+        # Lightning's save_dir (default ".") would override wandb's own WANDB_DIR
+        loggers.append(WandbLogger(name=f"{out.name}/{session}", group=out.name,
+                                   save_dir=os.environ.get("WANDB_DIR", "."),
+                                   project=os.environ.get("WANDB_PROJECT", "sae"),
+                                   config=config.settings()))
+    return loggers
+
+
 def checkpoint_to_resume(config: RunConfig) -> Path:
     resume = config.folder.resume
     if resume in (None, "last"):
@@ -188,7 +208,7 @@ def train(config: RunConfig) -> Trained | None:
     last = out / "checkpoints" / "last.ckpt"
     timer, stop = Timer(), StopOnSignal(last)
     callbacks = [*run_callbacks(config, dm, timer), stop]  # stop last: after the others' work
-    loggers = [CSVLogger(out, name="logs", version=session), bounded_tensorboard_logger(out)]
+    loggers = run_loggers(config, out, session)
     steps_per_epoch = math.ceil(len(dm.train_x) / config.train.batch_size)
     # the checkpoint read and checked above is the one Lightning restores: not read twice
     trainer = build_trainer(config, out, steps_per_epoch, callbacks, loggers,
@@ -361,7 +381,11 @@ def finish(config: RunConfig, model, dm, wall: float, steps: int, epochs: int, l
         params = {**asdict(sae), "dataset": dm.dataset, "seed": training.seed,
                   "epochs": training.epochs, "max_steps": training.max_steps,
                   "batch_size": training.batch_size}
-        log_test_hparams(loggers, params, result, step=steps)
+        tested = log_test_hparams(loggers, params, result, step=steps)
+        for logger in loggers:
+            if type(logger).__name__ == "WandbLogger":  # its test metrics; then its run ends
+                logger.log_metrics(tested, step=steps)
+                logger.experiment.finish()
         for logger in loggers:
             closing = getattr(logger, "close", None)
             if closing is not None:

@@ -10,10 +10,12 @@ status lines (:mod:`sae.system.status`).
 
 from __future__ import annotations
 
+import csv
 import math
 import sys
 import threading
 import time
+from pathlib import Path
 
 import lightning.pytorch as L
 import torch
@@ -25,7 +27,7 @@ from sae.system import status
 from sae.system.process import line_ended, stop_signals_to_main_thread
 
 __all__ = ["PROGRESS_LINE_S", "EpochLines", "ProgressBar", "epoch_line", "epoch_text",
-           "epochs_of", "progress_line"]
+           "epochs_of", "last_step", "last_validation", "progress_line"]
 
 
 def epochs_of(trainer) -> int | None:
@@ -55,11 +57,19 @@ def _scalars(metrics) -> dict[str, float]:
             if not isinstance(v, torch.Tensor) or v.numel() == 1}
 
 
+def last_step(trainer) -> int:
+    """The index of the last step trained, counted from 0 as ``metrics.csv`` and TensorBoard
+    count steps (Lightning's loggers): the step a validation's row is logged at. Every step the
+    terminal names is this index; a count of steps done says ``done``."""
+    return max(0, trainer.global_step - 1)
+
+
 def epoch_line(trainer) -> str:
-    """``epoch 3/10 · step 645 · loss 0.1523 · val FVU 0.1498 · L0 31.2 · dead 0.4 %``: what a
-    validation says, as :class:`EpochLines` prints it."""
+    """``epoch 3/10 · step 644 · loss 0.1523 · val FVU 0.1498 · L0 31.2 · dead 0.4 %``: what a
+    validation says, as :class:`EpochLines` prints it (the step as metrics.csv logs the
+    validation: :func:`last_step`)."""
     m = _scalars(trainer.callback_metrics)
-    parts = [f"epoch {epoch_text(trainer)}", f"step {trainer.global_step}"]
+    parts = [f"epoch {epoch_text(trainer)}", f"step {last_step(trainer)}"]
     for key, text, fmt, scale in (("train/loss", "loss", ".4f", 1), *VALIDATION_SHOWN):
         if key in m:
             parts.append(f"{text} {scale * m[key]:{fmt}}" + (" %" if scale == 100 else ""))
@@ -70,10 +80,14 @@ REFRESH_S = 0.2  # the training bar is redrawn after the first step that ends th
 TICK_S = 0.5  # and by a thread when nothing drew it for this long (a slow step, figures)
 
 
+ERASE_TO_END = "\x1b[K"  # ANSI: clear the line from the cursor on
+
+
 class _Bar(Tqdm):
-    """Lightning's tqdm bar, three columns narrower than the terminal: the ``^C`` a terminal
-    echoes after it then stays on its line instead of wrapping to the next, where the bar's
-    last drawing would follow it."""
+    """Lightning's tqdm bar, three columns narrower than the terminal (a ``^C`` the terminal
+    echoes after it does not wrap to the next line), each drawing ending by clearing the rest
+    of its line: the ``^C`` echoed where the cursor stood, after the bar, is wiped by the
+    drawing at the stop, and what the run says next starts on a line of its own."""
 
     @property
     def format_dict(self):
@@ -81,6 +95,30 @@ class _Bar(Tqdm):
         if d.get("ncols"):
             d["ncols"] = max(10, d["ncols"] - 3)
         return d
+
+    def __str__(self) -> str:  # tqdm measures a drawing without its escape sequences
+        return super().__str__() + ERASE_TO_END
+
+
+def last_validation(metrics_csv: Path, before_step: int) -> dict[str, float]:
+    """The validation metrics of :data:`VALIDATION_SHOWN` in the last validation row of a run's
+    ``metrics.csv`` logged before step ``before_step``: what a resumed run's bar shows until
+    its first validation (Lightning keeps no metrics in a checkpoint); {} without one."""
+    keys = [key for key, *_ in VALIDATION_SHOWN]
+    found: dict[str, float] = {}
+    try:
+        with open(metrics_csv, newline="", encoding="utf-8") as fh:
+            for row in csv.DictReader(fh):
+                try:
+                    step, values = int(float(row.get("step") or "")), \
+                        {k: float(row[k]) for k in keys if row.get(k)}
+                except ValueError:
+                    continue
+                if step < before_step and "val/fvu" in values:
+                    found = values
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return {}
+    return {k: v for k, v in found.items() if math.isfinite(v)}
 
 
 class ProgressBar(TQDMProgressBar):
@@ -105,6 +143,7 @@ class ProgressBar(TQDMProgressBar):
     def __init__(self):
         super().__init__(refresh_rate=1)
         self._drawn = 0.0  # time.monotonic() of the training bar's last redraw
+        self._resumed: dict[str, float] = {}  # a resumed run's last validation, until its next
         self._ticking: threading.Event | None = None  # set to stop the ticking thread
 
     def __getstate__(self) -> dict:  # no thread or event in a copy (DDP spawn pickles it)
@@ -145,11 +184,13 @@ class ProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer, pl_module) -> dict:
         bar = _scalars(trainer.progress_bar_metrics)
-        items = {}
+        # the last step's index, as metrics.csv and TensorBoard name it (the bar's n/N counts
+        # the epoch's steps done)
+        items = {"step": str(last_step(trainer))} if trainer.global_step > 0 else {}
         for key, text in (("train/loss", "loss"), ("train/l0", "L0")):
             if key in bar:
                 items[text] = f"{bar[key]:.4g}"
-        validated = _scalars(trainer.callback_metrics)
+        validated = {**self._resumed, **_scalars(trainer.callback_metrics)}
         for key, text, fmt, scale in VALIDATION_SHOWN:
             if key in validated:
                 text = "val L0" if text == "L0" else text
@@ -159,12 +200,16 @@ class ProgressBar(TQDMProgressBar):
     def on_train_start(self, trainer, pl_module) -> None:
         # drawn first as the epoch it starts in: a run resumed mid-epoch goes on without a new
         # epoch (no on_train_epoch_start), where the checkpoint's step is in its epoch
+        if trainer.global_step > 0:  # resumed: the validation before the stop, until the next
+            self._resumed = last_validation(Path(trainer.default_root_dir) / "metrics.csv",
+                                            trainer.global_step)
         total = trainer.num_training_batches
         total = total if isinstance(total, int) and total > 0 else None
         done = min(max(trainer.global_step - trainer.current_epoch * total, 0), total) \
             if total else 0
         self.train_progress_bar = self._bar(f"Epoch {epoch_text(trainer)}",
                                             2 * self.process_position, True, total, done)
+        self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
         self._drawn = time.monotonic()
         if self.is_enabled and self._ticking is None:
             self._ticking = threading.Event()
@@ -233,12 +278,14 @@ PROGRESS_LINE_S = 30.0  # off a terminal, a progress line this often during trai
 
 
 def progress_line(trainer, step_s: float) -> str:
-    """``epoch 1/2 · step 1200 of 46798 · 4.1 ms a step · about 3:08 left``: a training step's
-    progress as a log shows it (off a terminal, where there is no bar)."""
+    """``epoch 1/2 · step 1199 · 1200 of 46798 done · 4.1 ms a step · about 3:08 left``: a
+    training step's progress as a log shows it (off a terminal, where there is no bar); the step
+    is the last one trained (:func:`last_step`, from 0), then how many are done."""
     total = trainer.estimated_stepping_batches
     done = trainer.global_step
     of = f" of {int(total)}" if math.isfinite(total) else ""
-    parts = [f"epoch {epoch_text(trainer)}", f"step {done}{of}", f"{1000 * step_s:.1f} ms a step"]
+    parts = [f"epoch {epoch_text(trainer)}", f"step {last_step(trainer)}", f"{done}{of} done",
+             f"{1000 * step_s:.1f} ms a step"]
     if math.isfinite(total) and total > done:
         left = round((total - done) * step_s)
         parts.append(f"about {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d} left"

@@ -18,7 +18,6 @@ from pathlib import Path
 import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import Timer
-from lightning.pytorch.loggers import CSVLogger
 
 from sae.settings.config import RunConfig
 from sae.training import guards, runfolder
@@ -27,13 +26,13 @@ from sae.training.engine import (
     Terminated,
     Trained,
     TrainingSetupError,
-    bounded_tensorboard_logger,
     build_trainer,
     checked_resume,
     finish,
     load_data,
     new_module,
     quiet_lightning,
+    run_loggers,
 )
 from sae.training.stack import (
     MemberCallbacks,
@@ -98,10 +97,8 @@ def train_stack(configs: list[RunConfig]) -> list[MemberOutcome]:
         members.append(new_module(config, dm))
     outs = [Path(c.folder.out) for c in configs]
     loggers = []
-    for out, (_, _, start_step, _) in zip(outs, resumes, strict=True):
-        session = runfolder.new_session(out, start_step)
-        loggers.append([CSVLogger(out, name="logs", version=session),
-                        bounded_tensorboard_logger(out)])
+    for config, out, (_, _, start_step, _) in zip(configs, outs, resumes, strict=True):
+        loggers.append(run_loggers(config, out, runfolder.new_session(out, start_step)))
     stack = StackTraining(members, outs, loggers)
     stack.until_converged = first.train.until_converged
     preloaded = None
