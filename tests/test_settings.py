@@ -131,7 +131,8 @@ def test_a_run_config_is_typed_sections_built_once_and_checked():
 
 
 def test_no_module_below_the_entry_point_imports_it():
-    """Only sae.run itself, sae.train and the sweep worker (which runs sae.run's main in its own
+    """Only sae.run itself, sae.train, the stack runner (each member is checked and claimed as
+    sae.run does) and the sweep worker (which runs sae.run's main in its own
     process, as ``python -m sae.run`` would) import sae.run; the settings, checks and process
     helpers it uses live below it."""
     import ast
@@ -151,5 +152,6 @@ def test_no_module_below_the_entry_point_imports_it():
                 continue
             if any(n == "sae.runner.command" or n.startswith("sae.runner.command.") for n in names):
                 importers.add(path.relative_to(root).as_posix())
-    # the entry point, the worker, and sae.train (the same command, called from Python)
-    assert importers == {"run.py", "sweep/worker.py", "api/train.py"}
+    # the entry point, the worker, sae.train (the same command, called from Python) and the
+    # stack runner (several such commands trained together)
+    assert importers == {"run.py", "sweep/worker.py", "api/train.py", "runner/stack.py"}

@@ -5,6 +5,8 @@ sweep file and folder) is the command that ties them together.
 
 - :mod:`sae.sweep.spec`: the sweep file's schema, expanded into runs and checked by sae.run;
 - :mod:`sae.sweep.launch`: run-folder states and the pool of ``python -m sae.run`` subprocesses;
+- :mod:`sae.sweep.stacks`: which runs train together as stacks (``--stack``);
+- :mod:`sae.sweep.progress`: the line printed as each run finishes;
 - :mod:`sae.sweep.heartbeat`: a line at least every half minute while the runs train;
 - :mod:`sae.sweep.analysis`: probe, per-class L0 and L0–ink correlation of a finished run;
 - :mod:`sae.sweep.aggregate`: results of the runs, seed averages, the KL-SAE matching;

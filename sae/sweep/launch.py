@@ -13,7 +13,6 @@ keeps two runners out of the same sweep folder.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -22,12 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from sae.settings.cli import UsageError, run_config
-from sae.sweep.analysis import DataCache, analyse_run, analysis_is_current, run_metrics
+from sae.settings.cli import UsageError
+from sae.sweep.analysis import DataCache, analyse_run, analysis_is_current
+from sae.sweep.progress import Progress, last_line, metrics_note
 from sae.sweep.spec import Run
+from sae.sweep.stacks import plan_stacks
 from sae.system.io import UnsafePathError, open_regular
 from sae.system.process import PARENT_ENV, RUN_DIR_ENV, STOPS
 from sae.training import runfolder
@@ -73,40 +73,6 @@ def train_command(run: Run, folder: Path, state: str) -> list[str]:
 def log_path(sweep_dir: Path, run: Run) -> Path:
     """``logs/<dataset>/<model>/<value>/seed<s>.log``: the run's console output."""
     return sweep_dir / "logs" / run.rel.relative_to("runs").with_suffix(".log")
-
-
-STACK_AUTO = 8  # --stack auto: runs a stack holds at most (docs/sweeps.md: its cost per run)
-
-
-def _stack_key(command: list[str]):
-    """What a training must share with others to stack with them (``RunConfig.stack_key``,
-    and whether it resumes: a stack resumes all its runs or none); None: it trains alone."""
-    argv = command[3:]
-    try:
-        key = run_config(argv).stack_key()
-    except (UsageError, OSError, ValueError):
-        return None  # its own run reports what is wrong
-    return None if key[0] == "alone" else ("--resume" in argv, key)
-
-
-def plan_stacks(trainings: list[tuple], size: int | None, slots: int) -> list[list[tuple]]:
-    """``trainings`` ((run, command, log) each) grouped into stacks: runs that may share one
-    (:func:`_stack_key`), at most ``size`` a stack (None: ``STACK_AUTO``, and no more than
-    keeps every one of ``slots`` busy; 1: every run alone), in the order of their first run."""
-    groups: dict = {}
-    alone = []
-    for training in trainings:
-        key = _stack_key(training[1]) if size != 1 else None
-        if key is None:
-            alone.append([training])
-        else:
-            groups.setdefault(key, []).append(training)
-    stacks = []
-    for group in groups.values():
-        per = size or min(STACK_AUTO, max(1, math.ceil(len(group) / max(1, slots))))
-        stacks.extend(group[i:i + per] for i in range(0, len(group), per))
-    order = {id(t): n for n, t in enumerate(trainings)}
-    return sorted(stacks + alone, key=lambda stack: order[id(stack[0])])
 
 
 def check_folders(sweep_dir: Path, runs: list[Run], jobs: int, gpus: list[str]) -> None:
@@ -463,74 +429,6 @@ def _completed(futures: dict[Future, object]) -> Iterator[Future]:
         yield from done
 
 
-# --------------------------------------------------------------------------- progress lines
-
-
-def _clock(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
-
-
-def _last_line(path: Path) -> str:
-    """The cause of a failed run: its last ``error:`` line, else its last line of output (not the
-    ``# exit code`` line the pool appends)."""
-    try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines()
-                 if ln.strip() and not ln.startswith("# exit code")]
-    except OSError:
-        return ""
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    return (errors or lines or [""])[-1][:200]
-
-
-@dataclass
-class Progress:
-    """Counts of the sweep so far, and the one line printed as each run finishes.
-
-    Once a run has trained, the line also estimates the time left: the runs still to train
-    (``to_train`` less those finished) times the mean seconds a trained run held its slot
-    (its training and, in a worker, its analysis), shared among the ``jobs`` slots. It counts
-    the running runs as not started, so it errs long by at most one run's time.
-    """
-
-    total: int
-    jobs: int = 1
-    to_train: int = 0
-    start: float = field(default_factory=time.perf_counter)
-    finished: int = 0
-    trained: int = 0
-    skipped: int = 0
-    failed: int = 0
-    trained_seconds: float = 0.0
-
-    def left(self) -> float | None:
-        """Estimated seconds until the last run has trained; None before any has."""
-        left = self.to_train - self.trained - self.failed
-        if self.trained == 0 or left <= 0:
-            return None
-        return self.trained_seconds / self.trained * math.ceil(left / max(1, self.jobs))
-
-    def line(self, run: Run, status: str, detail: str = "") -> str:
-        self.finished += 1
-        width = len(str(self.total))
-        left = self.left()
-        counts = (f"{self.trained} trained, {self.skipped} skipped, {self.failed} failed, "
-                  f"{_clock(time.perf_counter() - self.start)} elapsed"
-                  + (f", about {_clock(left)} left" if left is not None else ""))
-        text = f"[{self.finished:>{width}}/{self.total}] {run.rel.relative_to('runs')} {status}"
-        return f"{text}{' · ' + detail if detail else ''} ({counts})"
-
-
-def _metrics_note(folder: Path, analysis: dict | None) -> str:
-    m = run_metrics(folder)
-    if m is None:
-        return ""
-    note = f"fvu {m.get('fvu', float('nan')):.4g} · L0 {m.get('l0_mean', float('nan')):.3g}"
-    if analysis and analysis.get("probe_accuracy") is not None:
-        note += f" · probe {100 * analysis['probe_accuracy']:.1f}%"
-    return note
-
-
 # --------------------------------------------------------------------------- the sweep
 
 
@@ -616,7 +514,7 @@ def _report_earlier(run: Run, state: str, folder: Path, progress: Progress, anal
     if state == "done":
         progress.skipped += 1
         a = analyse(run, folder)
-        say(progress.line(run, "skipped (finished)", _metrics_note(folder, a)))
+        say(progress.line(run, "skipped (finished)", metrics_note(folder, a)))
     elif state == "busy":
         progress.failed += 1
         say(progress.line(run, "FAILED (busy)", "another process is training it; left alone"))
@@ -634,8 +532,8 @@ def _report_trained(run: Run, log: Path, outcome: tuple[int, float], folder: Pat
         a = analyse(run, folder)
         took = f"trained in {seconds:.1f} s" + (f" (a stack of {stacked})" if stacked > 1
                                                  else "")
-        say(progress.line(run, took, _metrics_note(folder, a)))
+        say(progress.line(run, took, metrics_note(folder, a)))
         return True
     progress.failed += 1
-    say(progress.line(run, f"FAILED (exit {code})", f"{_last_line(log)} [log: {log}]"))
+    say(progress.line(run, f"FAILED (exit {code})", f"{last_line(log)} [log: {log}]"))
     return False
