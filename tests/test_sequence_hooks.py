@@ -15,7 +15,7 @@ import torch
 from cli_helpers import cli_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sequence_net import D, T, Tiny, padded, tokens
+from sequence_net import VOCAB, D, T, Tiny, padded, tokens
 from torch.utils.data import TensorDataset
 
 import sae
@@ -250,3 +250,21 @@ def test_the_buffers_order_is_whole_inputs_per_chunk_rows_shuffled_within(counts
         assert len(held) <= chunk  # at most `chunk` inputs, each with all its rows
         assert sum(counts[i] for i in held) == end - start
         start = end
+
+
+class Words(TensorDataset):
+    """Token ids with their vocabulary: the feature browser shows the tokens as words."""
+
+    vocab = [f"w{i}" for i in range(VOCAB)]
+
+
+def test_a_dataset_with_its_vocabulary_shows_its_rows_as_words():
+    from sae.data.tokens import row_texts
+
+    x = tokens()
+    texts = row_texts(Words(x), np.arange(len(x)), np.array([3, 3]), np.array([0, 5]))
+    ids = x[3].tolist()
+    assert texts[0].startswith(f"input 3 · position 0: [w{ids[0]}] w{ids[1]} ")
+    assert f"[w{ids[5]}]" in texts[1] and texts[1].startswith("input 3 · position 5: … ")
+    plain = row_texts(TensorDataset(x), np.arange(len(x)), np.array([3]), np.array([0]))
+    assert plain[0].startswith(f"input 3 · position 0: [{ids[0]}] {ids[1]} ")

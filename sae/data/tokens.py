@@ -119,24 +119,43 @@ class TokenShuffle(EpochShuffle):
         return int(self._starts[min(k, len(self._starts) - 1)])
 
 
+def token_names(dataset):
+    """id -> the token's text, when ``dataset`` gives one: a ``vocab`` (a sequence of strings,
+    or a mapping from id to string) or a ``decode(ids) -> str`` (a tokenizer's); else None and
+    the ids are shown. The dataset is the user's own object: a failing lookup shows the id."""
+    vocab, decode = getattr(dataset, "vocab", None), getattr(dataset, "decode", None)
+    if vocab is None and not callable(decode):
+        return None
+
+    def name(token: int) -> str:
+        try:
+            text = vocab[token] if vocab is not None else decode([token])
+        except (IndexError, KeyError, TypeError, ValueError):
+            return str(token)
+        return text if isinstance(text, str) and text.strip() else str(token)
+    return name
+
+
 def row_texts(dataset, index: np.ndarray, inputs: np.ndarray, positions: np.ndarray
               ) -> np.ndarray:
     """What the feature browser shows of each row: ``input i · position t``, and for an input
-    of token ids (a 1-D integer tensor) the tokens around the position, the row's in brackets.
+    of token ids (a 1-D integer tensor) the tokens around the position, the row's in brackets,
+    as text where the dataset gives its vocabulary (:func:`token_names`).
     ``index``: the split's inputs; ``inputs`` [R], ``positions`` [R]: each row's."""
     texts, tokens = [], {}
+    name = token_names(dataset) or str
     for slot, t in zip(inputs.tolist(), positions.tolist(), strict=True):
         i = int(index[slot])
         if i not in tokens:
             x = batch(dataset, [i]).x
             x = x[0] if isinstance(x, torch.Tensor) else x.get("input_ids", [None])[0]
             ids = isinstance(x, torch.Tensor) and x.dim() == 1 and not x.is_floating_point()
-            tokens[i] = x.tolist() if ids else None
+            tokens[i] = [name(v) for v in x.tolist()] if ids else None
         text = f"input {i} · position {t}"
         ids = tokens[i]
         if ids is not None and t < len(ids):
-            left = " ".join(map(str, ids[max(0, t - CONTEXT):t]))
-            right = " ".join(map(str, ids[t + 1:t + 1 + CONTEXT]))
+            left = " ".join(ids[max(0, t - CONTEXT):t])
+            right = " ".join(ids[t + 1:t + 1 + CONTEXT])
             text += f": {'… ' if t > CONTEXT else ''}{left} [{ids[t]}] {right}" \
                     f"{' …' if t + 1 + CONTEXT < len(ids) else ''}"
         texts.append(" ".join(text.split()))
