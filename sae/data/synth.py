@@ -310,10 +310,25 @@ def generate(cfg: SynthConfig, budget: int = BUDGET) -> GroundTruthData:
                            test_active)
 
 
+# the settings of a world's data (not its size, dimension or seed, which the name has anyway)
+WORLD_AXES = ("mean_l0", "complexity_sigma", "frequency_decay", "pair_share", "pair_prob",
+              "value_sigma", "noise", "counts", "hierarchy")
+
+
+def world_name(cfg: SynthConfig) -> str:
+    """The data set's name: ``synthetic d64 f256 seed 0`` for the default world, with each
+    setting off its default named before the seed (``… value-sigma 1.5 counts fixed seed 0``),
+    so that the worlds of a suite have runs folders and tables of their own."""
+    default = SynthConfig()
+    axes = [f"{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"{k} {v}"
+            for k in WORLD_AXES if (v := getattr(cfg, k)) != getattr(default, k)]
+    return " ".join([f"synthetic d{cfg.dim} f{cfg.features}", *axes, f"seed {cfg.seed}"])
+
+
 def _manifest(cfg: SynthConfig, true_l0: dict, command: str) -> dict:
     return {
         "format": FORMAT,
-        "name": f"synthetic d{cfg.dim} f{cfg.features} seed {cfg.seed}",
+        "name": world_name(cfg),
         "train": {"x": "train.npy", "active": "train_active.npy"},
         "test": {"x": "test.npy", "active": "test_active.npy"},
         "truth": {"features": "features.npy"},

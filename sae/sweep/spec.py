@@ -268,8 +268,10 @@ def load_sweep(path: str | Path) -> Sweep:
         raise UsageError(f"{path}: unknown key {shown(unknown[0])}; expected {', '.join(TOP_KEYS)}")
     seeds = _top_list(data, "seeds", int, path)
     targets = _targets(data.get("targets"), path)
+    # common `data` may list several files: every model runs on each (a suite of worlds)
     common = _settings(_named_targets(data.get("common"), f"{path}: common", targets),
-                       f"{path}: common", lists=frozenset({"target_l0"}))
+                       f"{path}: common", lists=frozenset({"target_l0", "data"}))
+    _check_data_list(common.get("data"), f"{path}: common.data")
     aims = common.pop("target_l0", None)
     aims = None if aims is None else _grid(aims, f"{path}: common.target_l0")
     models = data.get("models")
@@ -280,6 +282,7 @@ def load_sweep(path: str | Path) -> Sweep:
     # runs on activations (`data:` in common or a model) are named after their data; images
     # runs need `datasets`
     on_data = [bool(common.get("data") or e.settings.get("data")) for e in entries]
+    files = [data_files(e.settings) or data_files(common) for e in entries]
     datasets: tuple[str, ...] = ()
     if "datasets" in data or not all(on_data):
         datasets = _top_list(data, "datasets", str, path)
@@ -290,8 +293,7 @@ def load_sweep(path: str | Path) -> Sweep:
         if common.get("data"):
             raise UsageError(f"{path}: `datasets` and common `data` exclude each other (the "
                              "runs train on the data file)")
-    datasets += tuple(dict.fromkeys(_data_name(common.get("data") or e.settings["data"])
-                                    for e, d in zip(entries, on_data, strict=True) if d))
+    datasets += tuple(dict.fromkeys(_data_name(f) for fs in files for f in fs))
     probe_loss = data.get("probe_loss", "softmax")
     if probe_loss not in PROBE_LOSSES:
         raise UsageError(f"{path}: `probe_loss` must be one of {', '.join(PROBE_LOSSES)}, "
@@ -328,7 +330,7 @@ def budgets(sweep: Sweep) -> dict[str, dict[str, int]]:
     groups: dict[str, dict[str, int]] = {}
     for entry in sweep.models:
         if entry.kind not in NO_BUDGET:
-            data = str(entry.settings.get("data") or sweep.common.get("data") or "")
+            data = " | ".join(data_files(entry.settings) or data_files(sweep.common))
             groups.setdefault(data, {})[entry.name] = len(entry.values)
     return groups
 
@@ -363,11 +365,31 @@ def _check_size(sweep: Sweep) -> None:
     on_images = [d for d in sweep.datasets if d in DATASETS]
     count = 0
     for entry in sweep.models:
-        data = entry.settings.get("data") or sweep.common.get("data")
-        count += (1 if data else len(on_images)) * len(entry.values) * len(sweep.seeds)
+        files = data_files(entry.settings) or data_files(sweep.common)
+        count += (len(files) or len(on_images)) * len(entry.values) * len(sweep.seeds)
     if count > MAX_RUNS:
         raise UsageError(f"{sweep.path}: the sweep has {count:,} runs; a sweep has at most "
                          f"{MAX_RUNS:,} (split it into several sweep files)")
+
+
+def data_files(settings: dict) -> list[str]:
+    """The data files ``settings`` name: none, one, or a list (common ``data`` of a suite)."""
+    data = settings.get("data")
+    return [] if not data else [str(f) for f in data] if isinstance(data, list) else [str(data)]
+
+
+def _check_data_list(data, where: str) -> None:
+    """A list of data files: non-empty, each file named once, and their data set names (the
+    runs' folders) distinct."""
+    if not isinstance(data, list):
+        return
+    if not data:
+        raise UsageError(f"{where} must name at least one data file")
+    names = [_data_name(str(f)) for f in data]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"{where}: two files have the data set name {shown(twice[0])}; "
+                         "give each world a manifest of its own name")
 
 
 def _data_name(path: str) -> str:
@@ -390,9 +412,10 @@ def plan(sweep: Sweep) -> list[Run]:
     for dataset in sweep.datasets:
         check_name(dataset, f"{sweep.path}: the runs' data set name")
         for entry in sweep.models:
-            data = entry.settings.get("data") or sweep.common.get("data")
-            if (_data_name(data) != dataset) if data else (dataset not in DATASETS):
-                continue  # each model's runs: on its data, or on each image dataset
+            files = data_files(entry.settings) or data_files(sweep.common)
+            data = next((f for f in files if _data_name(f) == dataset), None)
+            if (data is None) if files else (dataset not in DATASETS):
+                continue  # each model's runs: on each of its data files, or image dataset
             where = f"{sweep.path}: models.{entry.name}"
             if entry.name != entry.kind:
                 where += f" ({entry.kind})"
@@ -403,6 +426,8 @@ def plan(sweep: Sweep) -> list[Run]:
             for value in entry.values:
                 for seed in sweep.seeds:
                     settings = {**RUN_PAGES_OFF, **sweep.common, **entry.settings}
+                    if data:  # the one file of common's list this run trains on
+                        settings["data"] = data
                     if aimed:  # a whole target reads as one in the command (16, not 16.0)
                         settings["target_l0"] = int(value) if float(value).is_integer() else value
                     elif value is not None:
