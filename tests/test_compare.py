@@ -62,7 +62,7 @@ def one_line_error(rc: int, stderr: str) -> str:
 def test_presets_are_valid(preset):
     sweep = spec.load_sweep(preset)
     runs = spec.plan(sweep)  # every combination checked by sae.run's own parser
-    per_dataset = sum(len(e.grid or (None,)) for e in sweep.models)
+    per_dataset = sum(len(e.values) for e in sweep.models)  # grid values or targets
     assert len(runs) == len(sweep.datasets) * per_dataset * len(sweep.seeds)
     # every model, except the KL-SAE (no exact zeros) in the wide presets; the Sparsemax-SAE's
     # candidate, energy and inference sweeps compare its variants with BatchTopK only, and its
@@ -72,7 +72,8 @@ def test_presets_are_valid(preset):
     # checks' seeds) its default and BatchTopK, the attribution pages the batch support and the
     # shared thresholds without the sparsemax training rule
     expected = set(MODELS) - ({"kl"} if preset.stem.startswith("wide") else set())
-    if preset.stem not in ("quick", "ground-truth", "mnist", "fashion-mnist", "mlp-layer"):
+    if preset.stem not in ("quick", "ground-truth", "mnist", "fashion-mnist", "mlp-layer",
+                           "suite"):
         expected -= {"sparsemax-attention"}  # pages published before it joined
     if preset.stem.startswith(("sparsemax-energy-power-", "sparsemax-batch-")):
         expected = {"sparsemax"}

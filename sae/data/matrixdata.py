@@ -53,11 +53,14 @@ NO_LABELS = ["all inputs"]  # the one class of unlabelled rows
 
 def data_name(path: str | Path) -> str:
     """A data set's short name for folders and tables: the manifest's ``name`` made a file
-    name (letters, digits, ``-``), or the file's stem."""
+    name (letters, digits, ``-``), or the file's stem; a manifest without a name (or not made
+    yet) called ``dataset.json`` is named after its folder, as ``sae.synth`` and ``sae.layer``
+    write one per folder."""
     path = Path(path)
     name = path.stem
     if path.suffix.lower() == ".json":
-        name = manifest_name(path) or name
+        generic = path.stem == "dataset" and path.parent.name not in ("", ".", "..")
+        name = manifest_name(path) or (path.parent.name if generic else name)
     return re.sub(r"[^A-Za-z0-9_.]+", "-", name).strip("-")[:64] or "data"
 
 
