@@ -38,12 +38,12 @@ from pathlib import Path
 
 import torch
 
-from sae.api.load import (
+from sae.api.weights import (
     MAX_CONFIG_BYTES,
     MAX_HEADER_BYTES,
     SETTINGS_KEY,
     LoadError,
-    _read_tensors,
+    read_tensors,
 )
 from sae.models import SparseAutoencoder, build_model
 from sae.settings.config import SAEConfig
@@ -179,7 +179,7 @@ def _read_own(cfg: dict, cfg_path: Path, weights: Path) -> SparseAutoencoder:
     except CheckpointError as e:
         raise LoadError(str(e)) from None
     _check_size(weights, want.values())
-    state = _read_tensors(weights, want, settings, prefix=MODEL_KEY, settings_file=cfg_path)
+    state = read_tensors(weights, want, settings, prefix=MODEL_KEY, settings_file=cfg_path)
     _check_finite(weights, state)
     model = build_model(SAEConfig.from_dict(settings["config"]), data_var=float(data_var))
     model.load_state_dict(state)
