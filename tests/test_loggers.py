@@ -4,6 +4,7 @@ more, wandb (an optional extra) for Weights & Biases, run here offline."""
 
 import importlib.util
 import json
+import subprocess
 import sys
 
 import pytest
@@ -73,4 +74,9 @@ def test_the_logger_is_a_setting_of_sae_train_and_sweeps():
     s = SETTINGS["logger"]
     assert s.default == "tensorboard" and s.choices == ("tensorboard", "csv", "wandb")
     assert s.file  # config.yaml records it: a resume logs where the run logged
-    assert sys.modules.get("wandb") is None  # choosing imports nothing
+    # choosing a logger imports none (a fresh process: another test may have imported wandb)
+    probe = ("import sys; from sae.settings.cli import run_config; "
+             "run_config(['--logger', 'wandb', '--out', 'x']); print('wandb' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip() == "False", result.stderr[-1000:]
