@@ -26,9 +26,21 @@ output's first entry) and report how many they skipped, so that the usual all-fi
 one torch op (the max) besides the kernel: at the SAE's size (256 x 512) each small torch op
 around the kernel costs a noticeable share of the call.
 
-The kernels run on one thread: splitting rows across threads of our own was slower, because
-PyTorch's OpenMP workers keep spinning on the other cores for a while after each torch op. They
-are compiled on first use and cached on disk. Without numba, :func:`available` and
+The sparsemax kernels split their rows over as many threads as PyTorch uses
+(``torch.get_num_threads()``; one for fewer than PARALLEL_MIN entries), on PyTorch's own OpenMP
+workers: numba's "omp" threading layer binds to the OpenMP runtime already loaded, PyTorch's.
+Threads of our own (Python threads, or numba's tbb/workqueue pools) were slower, because
+PyTorch's workers keep spinning on the other cores for a while after each torch op; under any
+layer but "omp" the kernels therefore run on the calling thread. On one thread a kernel starts
+at a handicap of the thread count against ``torch.softmax``, which splits its rows likewise.
+Forward+backward against ``torch.softmax`` (256 float32 rows, 2 threads, 2 shared cores under
+load ~6; 10th percentiles of alternating calls) at d = 256 / 512 / 1024 / 4096: 2.5 / 2.4 / 2.6
+times on one thread (4096 not measurable under that load), 2.3 / 2.0 / 1.8 / 1.5 on two. At
+d = 512 (~180 us on two threads) the two kernel calls with their torch.amax and allocations take
+~105 us, an autograd Function's own overhead ~25 us, and ~45 us is unaccounted for between
+them. The kernels' floor is passes per row: the max, Michelot's ~4 (measured on such rows), and
+the output forward, two backward, where softmax needs three and two.
+The kernels are compiled on first use and cached on disk. Without numba, :func:`available` and
 :func:`compiled` are false and the callers use their tensor-op paths, which are also the paths
 on CUDA, under ``torch.compile`` and for 1.5-/alpha-entmax: those spend their time in
 vectorised arithmetic (the power function, many entries per row on the support), which
@@ -46,6 +58,7 @@ import torch
 from torch import Tensor
 
 MAX_WIDTH = 4096  # longer rows: the tensor-op path (block gathering) is as fast or faster
+PARALLEL_MIN = 8192  # fewer entries: the kernels run on one thread (a launch costs more)
 _ENABLED = os.environ.get("SAE_NO_KERNELS", "") in ("", "0")
 
 _lock = threading.Lock()
@@ -66,17 +79,44 @@ def _compile():
     exact = {"nogil": True, "cache": True}  # no fastmath: these test for NaN and infinities
     kth_largest = _kth_largest_kernel(numba, exact, _select_kernel(numba, exact))
     return {"forward": _forward_kernel(numba, fast), "backward": _backward_kernel(numba, fast),
-            "topk_relu": _topk_relu_kernel(numba, exact, kth_largest)}
+            "topk_relu": _topk_relu_kernel(numba, exact, kth_largest),
+            "parallel": _parallel_kernels(numba, fast), "numba": numba}
+
+
+def _parallel_kernels(numba, fast):
+    """(forward, backward, the process id) with their rows split over threads, or None where
+    those threads would not be PyTorch's own.
+
+    numba's "omp" threading layer calls the OpenMP runtime already loaded, PyTorch's, so the
+    kernels run on PyTorch's worker threads, which take them between torch ops without a
+    second pool competing for the cores (a pool of our own was slower: PyTorch's workers keep
+    spinning for a while after each op). Any other layer (tbb, workqueue) has its own pool.
+    """
+    if "OpenMP" not in torch.__config__.parallel_info():
+        return None
+    par = dict(fast, parallel=True, _name="parallel")
+    forward, backward = _forward_kernel(numba, par), _backward_kernel(numba, par)
+    threads = torch.get_num_threads()
+    try:  # the first parallel call starts the layer, which resets OpenMP's thread count
+        forward(np.zeros((1, 1), np.float32), np.zeros(1, np.float32), np.zeros(1, np.int32),
+                np.int32(0x7F800000), np.zeros((1, 1), np.float32))
+        layer = numba.threading_layer()
+    except Exception:  # noqa: BLE001 - no threading layer at all: the serial kernels
+        layer = None
+    finally:
+        torch.set_num_threads(threads)
+    # numba's layer kills a forked child that starts a parallel loop (GNU OpenMP is not
+    # fork-safe): children of this process run the kernels on their calling thread
+    return (forward, backward, os.getpid()) if layer == "omp" else None
 
 
 def _forward_kernel(numba, opts):
     """Sparsemax of each row of ``x`` into ``out``; the number of rows skipped as bad."""
 
-    @numba.njit(**opts)
     def forward(x, m, m_bits, exp_mask, out):  # pragma: no cover - compiled
         rows, n = x.shape
         bad = 0
-        for i in range(rows):
+        for i in numba.prange(rows):  # range unless compiled with parallel=True
             # A row is bad when its max (torch.amax: NaN if the row has a NaN) is not finite;
             # tested on its bits, as nnan makes float tests for NaN meaningless.
             if (m_bits[i] & exp_mask) == exp_mask:
@@ -123,17 +163,16 @@ def _forward_kernel(numba, opts):
                 c[j] = d if d > 0.0 else 0.0
         return bad
 
-    return forward
+    return _jit(numba, opts, forward)
 
 
 def _backward_kernel(numba, opts):
     """Sparsemax's backward pass of each row; the number of rows skipped as bad."""
 
-    @numba.njit(**opts)
     def backward(y, y_bits, exp_mask, g, out):  # pragma: no cover - compiled
         rows, n = y.shape
         bad = 0
-        for i in range(rows):
+        for i in numba.prange(rows):
             if (y_bits[i, 0] & exp_mask) == exp_mask:  # a NaN output row (bad input row)
                 bad += 1
                 continue
@@ -148,7 +187,17 @@ def _backward_kernel(numba, opts):
                 out[i, j] = g[i, j] - mean if y[i, j] > 0.0 else 0.0
         return bad
 
-    return backward
+    return _jit(numba, opts, backward)
+
+
+def _jit(numba, opts: dict, fn):
+    """fn compiled with opts; a variant (opts["_name"]: parallel) gets a name of its own, as
+    numba's disk cache tells functions apart by name and code, not by their options."""
+    opts = dict(opts)
+    variant = opts.pop("_name", None)
+    if variant:
+        fn.__qualname__ += "_" + variant
+    return numba.njit(**opts)(fn)
 
 
 def _select_kernel(numba, opts):
@@ -274,9 +323,22 @@ def _bits(x: Tensor) -> tuple:
     return x.view(torch.int64).numpy(), np.int64(0x7FF0000000000000)
 
 
+def _rows_kernel(x: Tensor, which: int):
+    """The forward (0) or backward (1) kernel for the rows of x: on as many threads as PyTorch
+    uses (when the rows are many enough to share), else on the calling one."""
+    k = _kernels()
+    threads = torch.get_num_threads()
+    par = k["parallel"]
+    if (par is None or threads < 2 or x.shape[0] < 2 or x.numel() < PARALLEL_MIN
+            or par[2] != os.getpid()):
+        return k["backward" if which else "forward"]
+    k["numba"].set_num_threads(min(threads, k["numba"].config.NUMBA_NUM_THREADS))
+    return par[which]
+
+
 def sparsemax_forward(x: Tensor) -> Tensor:
     """Sparsemax of the rows of a contiguous CPU float [rows, n] tensor (see the module doc)."""
-    forward = _kernels()["forward"]
+    forward = _rows_kernel(x, 0)
     x = x.detach()
     m = x.amax(-1)  # NaN for a row with a NaN
     out = torch.empty_like(x)
@@ -287,7 +349,7 @@ def sparsemax_forward(x: Tensor) -> Tensor:
 
 def sparsemax_backward(y: Tensor, g: Tensor) -> Tensor:
     """Input gradient of sparsemax rows from the output y and the output gradient g."""
-    backward = _kernels()["backward"]
+    backward = _rows_kernel(y, 1)
     y = y.detach()
     out = torch.empty_like(y)
     if backward(y.numpy(), *_bits(y), g.detach().contiguous().numpy(), out.numpy()):
