@@ -67,7 +67,7 @@ from sae.data.rowcache import cached_reader
 from sae.data.rundata import read_record
 from sae.data.scan import moments, sums
 from sae.data.splits import val_rows
-from sae.data.tokens import RowLayout, TokenShuffle, row_counts, row_texts
+from sae.data.tokens import RowLayout, TokenShuffle, row_counts, row_texts, sharded
 from sae.metrics import principal_components
 from sae.settings.cli import UsageError
 
@@ -281,8 +281,7 @@ class BufferedShuffle(EpochShuffle):
     def chunk_of(self, position: int, chunk: int) -> tuple[int, int] | None:
         """(epoch, start of the chunk in the order) of ``position`` in this epoch's order;
         None under DDP, where each process computes only the rows of its own batches."""
-        if torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
+        if sharded():
             return None
         self.epoch_order(self.epoch)
         if not 0 <= position < len(self._place):

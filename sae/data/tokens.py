@@ -23,6 +23,12 @@ from sae.data.images import EpochShuffle
 CONTEXT = 4  # tokens shown on each side of a row's position
 
 
+def sharded() -> bool:
+    """Whether several DDP processes train, each computing only its own batches' rows."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 class RowLayout:
     """Where the rows of a split's inputs lie: input j's rows are ``offsets[j]`` to
     ``offsets[j + 1]``, its positions in order (``counts[j]`` of them)."""
@@ -103,8 +109,7 @@ class TokenShuffle(EpochShuffle):
     def chunk_of(self, position: int, chunk: int) -> tuple[int, int] | None:
         """(epoch, start in the order of the chunk that holds row ``position``); None under
         DDP, where each process computes only the rows of its own batches."""
-        if torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
+        if sharded():
             return None
         self.epoch_order(self.epoch)
         if not 0 <= position < len(self._place):

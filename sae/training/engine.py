@@ -217,18 +217,7 @@ def train(config: RunConfig) -> Trained | None:
     fit_model = torch.compile(module) if config.hardware.compile else module
     try:  # the start-up's status lines end with the first step (EpochLines)
         with task("starting the fit"):
-            trainer.fit(fit_model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
-                        weights_only=True)
-    except StopRequested as e:  # the step's checkpoint is written
-        raise (Terminated if e.signum == signal.SIGTERM else KeyboardInterrupt) from None
-    except SystemExit:
-        # Lightning turns a second Ctrl-C into a graceful shutdown and sys.exit(1), and SIGTERM
-        # into SIGTERMException (a SystemExit); report each as the interruption it is
-        if trainer.received_sigterm:
-            raise Terminated from None
-        if trainer.interrupted:
-            raise KeyboardInterrupt from None
-        raise
+            fit(trainer, fit_model, dm, ckpt)
     finally:
         if trainer.is_global_zero:
             runfolder.merge_history(out)
@@ -242,6 +231,24 @@ def train(config: RunConfig) -> Trained | None:
     held = float(module.lambda_full()) if module.controls_l0 else None
     return finish(config, module.sae, dm, wall, int(trainer.global_step),
                   int(trainer.current_epoch), trainer.loggers, lambda_held=held)
+
+
+def fit(trainer, model, dm, ckpt: Path | None) -> None:
+    """``trainer.fit`` from ``ckpt`` (or afresh), a stop raised as the interruption it is:
+    KeyboardInterrupt for Ctrl-C, ``Terminated`` for SIGTERM."""
+    try:
+        trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None,
+                    weights_only=True)
+    except StopRequested as e:  # the step's checkpoint is written
+        raise (Terminated if e.signum == signal.SIGTERM else KeyboardInterrupt) from None
+    except SystemExit:
+        # Lightning turns a second Ctrl-C into a graceful shutdown and sys.exit(1), and SIGTERM
+        # into SIGTERMException (a SystemExit); report each as the interruption it is
+        if trainer.received_sigterm:
+            raise Terminated from None
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
 
 
 def new_module(config: RunConfig, dm):

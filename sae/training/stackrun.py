@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Timer
 
 from sae.settings.config import RunConfig
 from sae.training import guards, runfolder
-from sae.training.callbacks import EpochSeed, StopOnSignal, StopRequested
+from sae.training.callbacks import EpochSeed, StopOnSignal
 from sae.training.engine import (
     Terminated,
     Trained,
@@ -29,6 +29,7 @@ from sae.training.engine import (
     build_trainer,
     checked_resume,
     finish,
+    fit,
     load_data,
     new_module,
     quiet_lightning,
@@ -112,16 +113,7 @@ def train_stack(configs: list[RunConfig]) -> list[MemberOutcome]:
     trainer = build_trainer(first, outs[0], steps_per_epoch, callbacks, [],
                             checkpoint_io=StackCheckpointIO(stack, preloaded))
     try:
-        trainer.fit(stack, datamodule=dm, ckpt_path=str(preloaded[0]) if preloaded else None,
-                    weights_only=True)
-    except StopRequested as e:
-        raise (Terminated if e.signum == signal.SIGTERM else KeyboardInterrupt) from None
-    except SystemExit:
-        if trainer.received_sigterm:
-            raise Terminated from None
-        if trainer.interrupted:
-            raise KeyboardInterrupt from None
-        raise
+        fit(trainer, stack, dm, preloaded[0] if preloaded else None)
     finally:
         for record, out in zip(stack.records, outs, strict=True):
             for logger in record.loggers:
